@@ -1,0 +1,31 @@
+"""Graded exercises: `check(name, fn)` grades your function; `exercises()` lists the names.
+
+    from linattn.grade import check, exercises
+    check("ch01.recurrent", my_recurrent)      # prints a verdict, returns a Result (.passed)
+
+Passing is recorded under $LINATTN_HOME (default ~/.linattn); `progress_text()` and `dashboard()`
+show it, and `linattn.set_impl(op, "mine")` runs the library through your passed code.
+"""
+from . import catalog
+from .check import Result, check
+from .dashboard import dashboard, progress_text
+from .progress import reset
+
+
+def exercises() -> list[str]:
+    """Names of all exercises, in book order."""
+    return [ex.name for ex in catalog.all_exercises()]
+
+
+def reference(name: str):
+    """The library function that solves exercise `name`."""
+    return catalog.get(name).reference
+
+
+def describe(name: str) -> str:
+    ex = catalog.get(name)
+    return f"{ex.name} — {ex.title}\n    {ex.signature}"
+
+
+__all__ = ["check", "exercises", "reference", "describe", "Result", "progress_text", "dashboard",
+           "reset"]

@@ -1,0 +1,156 @@
+"""Grading: run the reader's function on fresh random cases and say precisely what is wrong.
+
+`check` never raises because of the reader's code: an exception, a wrong shape, a NaN or a large
+error all become a verdict naming the case, the output, the worst position and the line.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import outputs, testing
+from ..dispatch import accepted
+from . import catalog, progress
+from .exercise import Case, Exercise
+
+_collected: list | None = None  # the CLI collects results here instead of relying on printing
+
+
+@dataclass
+class Result:
+    name: str
+    passed: bool
+    message: str
+    seed: int
+    worst_error: float = float("nan")
+    cases: int = 0
+    details: list = field(default_factory=list)
+
+    def __repr__(self):
+        return f"<{self.name}: {'passed' if self.passed else 'failed'}>"
+
+    def __bool__(self):
+        return self.passed
+
+
+def check(name, fn, *, seed=None, record=True, quiet=False) -> Result:
+    """Grade `fn` for exercise `name` (see `exercises()`); print the verdict and return a Result."""
+    ex = name if isinstance(name, Exercise) else catalog.get(name)
+    seed = int.from_bytes(os.urandom(3), "little") if seed is None else seed
+    result = _grade(ex, fn, seed)
+    if result.passed and record:
+        progress.record(ex, fn)
+    if not quiet:
+        print(result.message)
+    if _collected is not None:
+        _collected.append(result)
+    return result
+
+
+def _grade(ex: Exercise, fn, seed: int) -> Result:
+    if not callable(fn):
+        return Result(ex.name, False, f"❌ {ex.name}: expected a function, got {type(fn).__name__}", seed)
+    worst = 0.0
+    cases = ex.cases(seed)
+    for i, case in enumerate(cases, 1):
+        where = f"case {i} of {len(cases)}" + (f" ({case.note})" if case.note else "")
+        try:
+            problem, err = _grade_case(ex, fn, case)
+        except _ReaderError as e:
+            return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}", seed, cases=i)
+        if problem:
+            msg = f"❌ {ex.name} — {where}: {problem}"
+            if ex.hint:
+                msg += f"\n   hint: {ex.hint}"
+            return Result(ex.name, False, msg + f"\n   (seed {seed})", seed, err, i)
+        worst = max(worst, err)
+    msg = (f"✅ {ex.name} passed {len(cases)} cases "
+           f"(worst relative error {worst:.1e}) — seed {seed}")
+    return Result(ex.name, True, msg, seed, worst, len(cases))
+
+
+class _ReaderError(Exception):
+    """The reader's function raised; the message says where."""
+
+
+def _grade_case(ex: Exercise, fn, case: Case):
+    expect = _as_tuple(ex.reference(*case.args, **case.kwargs))
+    truth_fn = ex.ground_truth
+    truth = _as_tuple(truth_fn(*_to64(case.args), **accepted(truth_fn, testing.to_float64(case.kwargs))))
+    args = tuple(_clone(a) for a in case.args)
+    kwargs = {n: _clone(a) for n, a in case.kwargs.items()}
+    try:
+        with outputs.poisoned():
+            got = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
+        raise _ReaderError(_describe_exception(e)) from None
+    got = _as_tuple(got)
+    if len(got) != len(expect):
+        return (f"returned {len(got)} value(s), expected {len(expect)}"
+                + (f" ({', '.join(ex.outputs)})" if ex.outputs else "")), 0.0
+    dtype = case.dtype or _first_float_dtype(case)
+    tol = ex.tol if ex.tol is not None else testing.tolerance(dtype)
+    worst = 0.0
+    for j, (g, e, t) in enumerate(zip(got, expect, truth)):
+        label = ex.outputs[j] if j < len(ex.outputs) else f"output {j}"
+        problem, err = _compare(label, g, e, t, tol)
+        if problem:
+            return problem, err
+        worst = max(worst, err)
+    return None, worst
+
+
+def _compare(label, got, expect, truth, tol):
+    if expect is None:
+        return (None, 0.0) if got is None else (f"{label} should be None here", 0.0)
+    if not isinstance(got, torch.Tensor):
+        return f"{label} should be a tensor of shape {tuple(expect.shape)}, got {type(got).__name__}", 0.0
+    if got.shape != expect.shape:
+        return f"{label} has shape {tuple(got.shape)}, expected {tuple(expect.shape)}", 0.0
+    if got.dtype != expect.dtype:
+        return f"{label} has dtype {got.dtype}, expected {expect.dtype}", 0.0
+    if not torch.isfinite(got).all():
+        bad = (~torch.isfinite(got)).sum().item()
+        pos = list(testing.worst_position(got, truth))
+        return (f"{label} has {bad} NaN/inf element(s), first bad near {pos} "
+                "(NaN also marks elements your function never wrote)"), float("inf")
+    err = testing.rel_err(got, truth)
+    if err > tol:
+        pos = testing.worst_position(got, truth)
+        return (f"{label}: relative error {err:.3g} > tolerance {tol:.0e}; worst at {list(pos)}: "
+                f"got {got[pos].item():.6g}, expected {truth[pos].item():.6g}"), err
+    return None, err
+
+
+def _describe_exception(e: Exception) -> str:
+    if isinstance(e, NotImplementedError):
+        return "not written yet — the stub still raises NotImplementedError"
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.sep + "linattn" + os.sep + "grade" + os.sep not in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" at line {f.lineno} in {f.name}" + (f": `{f.line.strip()}`" if f.line else "")
+    return f"your function raised {type(e).__name__}: {e}{where}"
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _clone(a):
+    return a.clone() if isinstance(a, torch.Tensor) else a
+
+
+def _to64(args):
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def _first_float_dtype(case: Case):
+    for a in list(case.args) + list(case.kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.dtype
+    return torch.float64

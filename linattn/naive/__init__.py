@@ -1,0 +1,7 @@
+"""Level 1, naive: token-by-token recurrences and quadratic parallel forms — the ground truth.
+
+Run them on float64 inputs to get the reference every other level is checked against.
+"""
+from .linear import linear_attn, linear_attn_parallel
+
+__all__ = ["linear_attn", "linear_attn_parallel"]

@@ -1,0 +1,92 @@
+"""Random inputs, the error metric and tolerances: the one place tests, graders and chapters use.
+
+Error metric: relative error ‖a − b‖ / ‖b‖ in float64 against a float64 reference. Tolerances depend
+on the dtype the *inputs* came in: the reference runs on the same (rounded) inputs upcast to
+float64, so input rounding is not counted, only arithmetic and output rounding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .outputs import poisoned  # noqa: F401  (re-exported: tests write `with testing.poisoned():`)
+
+TOLERANCE = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 5e-3,
+    torch.bfloat16: 1e-2,
+}
+
+# Log-decay strengths, per step. "normal" is the benchmark setting (logsigmoid(randn)/16, as in
+# ANCHORS.md); "strong" reaches −20 per step, where a bare cumulative product underflows at once.
+GATE_STRENGTHS = ("weak", "normal", "strong")
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return TOLERANCE[dtype]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf when out holds NaN/inf or the shapes differ."""
+    if out.shape != ref.shape:
+        return float("inf")
+    a, b = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    den = b.norm().item()
+    return (a - b).norm().item() / (den if den > 0 else 1.0)
+
+
+def worst_position(out: torch.Tensor, ref: torch.Tensor):
+    """Index of the largest absolute difference (NaN counts as largest), as a tuple."""
+    diff = (out.detach().double().cpu() - ref.detach().double().cpu()).abs()
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    flat = int(diff.argmax())
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+
+
+def log_gates(shape, strength="normal", *, generator=None, device="cpu") -> torch.Tensor:
+    """float32 log-decays ≤ 0 of the given strength."""
+    x = torch.randn(shape, generator=generator, device=device)
+    if strength == "weak":
+        return F.logsigmoid(x + 8.0) / 16  # ≈ −2e-5 per step: almost no decay
+    if strength == "normal":
+        return F.logsigmoid(x) / 16
+    if strength == "strong":
+        return -20.0 * torch.rand(shape, generator=generator, device=device)  # down to −20 per step
+    raise ValueError(f"strength must be one of {GATE_STRENGTHS}, got {strength!r}")
+
+
+def make_inputs(op: str, *, B=2, T=100, H=2, K=32, V=48, dtype=torch.float32, device="cpu",
+                gate="per_dim", strength="normal", initial_state=False, seed=0) -> dict:
+    """Keyword arguments for `op` ('linear_attn', 'gla', 'delta_rule', 'kda') with random values.
+
+    gate='per_head' gives g of shape [B,T,H] (RetNet/Mamba-2, Gated DeltaNet), 'per_dim' [B,T,H,K]
+    (GLA, KDA). Delta-rule keys are L2-normalised and β ∈ (0, 1), as those models produce them.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, generator=gen)
+
+    q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
+    args = {}
+    if op in ("delta_rule", "kda"):
+        k = F.normalize(k, dim=-1)
+        args["beta"] = torch.rand(B, T, H, generator=gen).to(device)
+    elif op not in ("linear_attn", "gla"):
+        raise ValueError(f"op must be linear_attn, gla, delta_rule or kda, got {op!r}")
+    if op in ("gla", "kda"):
+        shape = (B, T, H) if gate == "per_head" else (B, T, H, K)
+        args["g"] = log_gates(shape, strength, generator=gen).to(device)
+    args.update(q=q.to(device, dtype), k=k.to(device, dtype), v=v.to(device, dtype))
+    if initial_state:
+        args["initial_state"] = rnd(B, H, K, V).to(device)
+    return args
+
+
+def to_float64(args: dict) -> dict:
+    """The same arguments with every floating tensor upcast to float64 (for the reference)."""
+    return {n: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for n, a in args.items()}

@@ -1,0 +1,148 @@
+"""Input validation shared by every level.
+
+Each public function calls `check_inputs` first, so bad input fails here with a message that names
+the argument and what was expected, never deep inside a kernel or as a silently wrong result.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_value_checks = True
+
+
+class InputError(ValueError):
+    """Raised for inputs a linattn function cannot compute with."""
+
+
+@contextlib.contextmanager
+def value_checks(on: bool):
+    """Turn the data-dependent checks (gate ≤ 0, β range, NaN in gates) on or off.
+
+    They read the gate tensors, which costs a device synchronisation; benchmarks switch them off
+    so that timings compare kernels only. Shape, dtype and device checks always run.
+    """
+    global _value_checks
+    before, _value_checks = _value_checks, on
+    try:
+        yield
+    finally:
+        _value_checks = before
+
+
+@dataclass(frozen=True)
+class Dims:
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    scale: float
+    acc: torch.dtype  # accumulation dtype: float64 for float64 inputs, float32 otherwise
+
+
+def _fail(msg: str):
+    raise InputError(msg)
+
+
+def _tensor(name, x, ndim, dtype=None, device=None):
+    if not isinstance(x, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        _fail(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        _fail(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if dtype is not None and x.dtype != dtype:
+        _fail(f"{name} has dtype {x.dtype} but q has {dtype}; pass them in one dtype")
+    if device is not None and x.device != device:
+        _fail(f"{name} is on {x.device} but q is on {device}; put all inputs on one device")
+
+
+def check_qkv(q, k, v, scale=None) -> Dims:
+    _tensor("q", q, 4)
+    _tensor("k", k, 4, q.dtype, q.device)
+    _tensor("v", v, 4, q.dtype, q.device)
+    B, T, H, K = q.shape
+    if k.shape != q.shape:
+        _fail(f"k must have q's shape [B, T, H, K] = {tuple(q.shape)}, got {tuple(k.shape)}")
+    if tuple(v.shape[:3]) != (B, T, H):
+        _fail(f"v must have shape [B, T, H, V] = [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if min(B, T, H, K, v.shape[3]) < 1:
+        _fail(f"every dimension must be ≥ 1, got q {tuple(q.shape)}, v {tuple(v.shape)}")
+    if scale is None:
+        scale = K ** -0.5
+    elif not (isinstance(scale, (int, float)) and scale > 0 and scale != float("inf")):
+        _fail(f"scale must be a positive finite number or None (→ K^-0.5), got {scale!r}")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return Dims(B, T, H, K, v.shape[3], float(scale), acc)
+
+
+def check_state(initial_state, d: Dims, device):
+    if initial_state is None:
+        return
+    _tensor("initial_state", initial_state, 4, None, device)
+    want = (d.B, d.H, d.K, d.V)
+    if tuple(initial_state.shape) != want:
+        _fail(f"initial_state must have shape [B, H, K, V] = {list(want)}, got {tuple(initial_state.shape)}")
+
+
+def check_gate(g, d: Dims, q):
+    """g holds log-decays: [B,T,H] (one per head) or [B,T,H,K] (one per key dimension), all ≤ 0."""
+    if not isinstance(g, torch.Tensor):
+        _fail(f"g must be a torch.Tensor of log-decays, got {type(g).__name__}")
+    if tuple(g.shape) not in ((d.B, d.T, d.H), (d.B, d.T, d.H, d.K)):
+        _fail(f"g must have shape [B, T, H] = {[d.B, d.T, d.H]} or [B, T, H, K] = "
+              f"{[d.B, d.T, d.H, d.K]}, got {tuple(g.shape)}")
+    _tensor("g", g, g.dim(), None, q.device)
+    if _value_checks:
+        if torch.isnan(g).any():
+            _fail("g contains NaN; gates must be finite log-decays ≤ 0")
+        if (g > 0).any():
+            _fail(f"g must hold log-decays ≤ 0 (a decay exp(g) ≤ 1), got max {g.max().item():.4g}; "
+                  "pass log(α), e.g. F.logsigmoid(x), not α itself")
+        if torch.isinf(g).any():
+            _fail("g contains -inf; clamp log-decays to a finite value (e.g. ≥ -1e4)")
+
+
+def check_beta(beta, d: Dims, q, low=0.0, high=2.0):
+    """β scales each delta-rule write: [B,T,H] in [low, high] (β ∈ (1, 2] gives negative eigenvalues)."""
+    if not isinstance(beta, torch.Tensor):
+        _fail(f"beta must be a torch.Tensor, got {type(beta).__name__}")
+    if tuple(beta.shape) != (d.B, d.T, d.H):
+        _fail(f"beta must have shape [B, T, H] = {[d.B, d.T, d.H]}, got {tuple(beta.shape)}")
+    _tensor("beta", beta, 3, None, q.device)
+    if _value_checks:
+        if not torch.isfinite(beta).all():
+            _fail("beta contains NaN or inf")
+        lo, hi = beta.min().item(), beta.max().item()
+        if lo < low or hi > high:
+            _fail(f"beta must lie in [{low}, {high}], got values in [{lo:.4g}, {hi:.4g}]")
+
+
+def check_chunk(chunk_size, sub_chunk_size=None, *, power_of_two=False, minimum=1):
+    def ok(n):
+        return isinstance(n, int) and not isinstance(n, bool) and n >= minimum and (
+            not power_of_two or n & (n - 1) == 0)
+
+    need = f"an int ≥ {minimum}" + (" and a power of two" if power_of_two else "")
+    if not ok(chunk_size):
+        _fail(f"chunk_size must be {need}, got {chunk_size!r}")
+    if sub_chunk_size is not None:
+        if not ok(sub_chunk_size) or chunk_size % sub_chunk_size:
+            _fail(f"sub_chunk_size must be {need} that divides chunk_size={chunk_size}, "
+                  f"got {sub_chunk_size!r}")
+
+
+def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, gate=False,
+                 delta=False) -> Dims:
+    """Validate one call; `gate`/`delta` say whether the operation takes g / beta."""
+    d = check_qkv(q, k, v, scale)
+    if gate:
+        check_gate(g, d, q)
+    if delta:
+        check_beta(beta, d, q)
+    check_state(initial_state, d, q.device)
+    return d
