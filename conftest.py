@@ -8,11 +8,22 @@ converted notebook is written to _build/nbtest/ for inspection.
 """
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 ROOT = Path(__file__).parent
 BUILD = ROOT / "_build" / "nbtest"
 NOTEBOOK_DIRS = ("book", "exercises")
+
+
+def pytest_configure(config):
+    # Hermetic progress: tests and executed notebooks (their kernels inherit the environment)
+    # must never read or write the reader's own ~/.linattn.
+    import tempfile
+
+    os.environ["LINATTN_HOME"] = tempfile.mkdtemp(prefix="linattn-test-home-")
+    os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def _is_notebook(path: Path) -> bool:

@@ -7,7 +7,7 @@ Passing is recorded under $LINATTN_HOME (default ~/.linattn); `progress_text()` 
 show it, and `linattn.set_impl(op, "mine")` runs the library through your passed code.
 """
 from . import catalog
-from .check import Result, check
+from .grading import Result, check
 from .dashboard import dashboard, progress_text
 from .progress import reset
 

@@ -44,11 +44,11 @@ def solved(nb):
 
 def run(nb, label="workbook"):
     """Execute the code cells of `nb` in one namespace; return (results, cell errors)."""
-    from . import check as checkmod
+    from . import grading
 
     os.environ.setdefault("MPLBACKEND", "Agg")
     namespace = {"__name__": "__main__"}
-    checkmod._collected = results = []
+    grading._collected = results = []
     errors = []
     try:
         for i, cell in enumerate(nb.cells):
@@ -62,7 +62,7 @@ def run(nb, label="workbook"):
             except Exception as e:  # noqa: BLE001  (a broken cell is reported, the rest still runs)
                 errors.append(f"cell {i}: {type(e).__name__}: {e}")
     finally:
-        checkmod._collected = None
+        grading._collected = None
     return results, errors
 
 

@@ -1,0 +1,67 @@
+"""Bad input fails early with an error that names the argument and what was expected."""
+import pytest
+import torch
+
+import linattn
+from linattn import chunk, naive, testing
+from linattn.validate import InputError, check_inputs, value_checks
+
+FNS = [naive.linear_attn, chunk.linear_attn, linattn.linear_attn]
+
+
+def good(**kw):
+    return testing.make_inputs("linear_attn", T=8, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+@pytest.mark.parametrize("change,match", [
+    (lambda a: a.update(q=a["q"][0]), r"q must have 4 dimensions"),
+    (lambda a: a.update(k=a["k"][..., :-1]), r"k must have q's shape"),
+    (lambda a: a.update(v=a["v"][:, :-1]), r"v must have shape \[B, T, H, V\]"),
+    (lambda a: a.update(k=a["k"].double()), r"k has dtype torch.float64 but q has torch.float32"),
+    (lambda a: a.update(q=a["q"].int()), r"q must be float16, bfloat16, float32 or float64"),
+    (lambda a: a.update(v=a["v"].tolist()), r"v must be a torch.Tensor"),
+    (lambda a: a.update(initial_state=torch.zeros(2, 2, 32, 47)), r"initial_state must have shape \[B, H, K, V\]"),
+    (lambda a: a.update(scale=-1.0), r"scale must be a positive finite number"),
+    (lambda a: a.update(q=a["q"][:, :0], k=a["k"][:, :0], v=a["v"][:, :0]), r"every dimension must be ≥ 1"),
+])
+def test_bad_inputs_name_the_argument(fn, change, match):
+    args = good()
+    change(args)
+    with pytest.raises(InputError, match=match):
+        fn(**args)
+
+
+@pytest.mark.parametrize("size,match", [(0, "chunk_size must be an int ≥ 1"), (2.5, "chunk_size"),
+                                         (True, "chunk_size")])
+def test_bad_chunk_size(size, match):
+    with pytest.raises(InputError, match=match):
+        chunk.linear_attn(**good(), chunk_size=size)
+
+
+def test_gate_checks():
+    args = testing.make_inputs("gla", T=8)
+    check_inputs(args["q"], args["k"], args["v"], g=args["g"], gate=True)
+    for bad, match in [(args["g"].abs() + 0.1, "log-decays ≤ 0"),
+                       (torch.full_like(args["g"], float("nan")), "NaN"),
+                       (torch.full_like(args["g"], -float("inf")), "-inf"),
+                       (args["g"][..., :3], r"g must have shape \[B, T, H\]")]:
+        with pytest.raises(InputError, match=match):
+            check_inputs(args["q"], args["k"], args["v"], g=bad, gate=True)
+    with value_checks(False):  # benchmarks skip the data-dependent checks, shapes still checked
+        check_inputs(args["q"], args["k"], args["v"], g=args["g"].abs() + 0.1, gate=True)
+
+
+def test_beta_checks():
+    args = testing.make_inputs("delta_rule", T=8)
+    q, k, v = args["q"], args["k"], args["v"]
+    check_inputs(q, k, v, beta=args["beta"], delta=True)
+    with pytest.raises(InputError, match=r"beta must lie in \[0.0, 2.0\]"):
+        check_inputs(q, k, v, beta=args["beta"] + 2.5, delta=True)
+    with pytest.raises(InputError, match=r"beta must have shape \[B, T, H\]"):
+        check_inputs(q, k, v, beta=args["beta"][..., None], delta=True)
+
+
+def test_dispatcher_rejects_unknown_impl():
+    with pytest.raises(InputError, match="impl must be one of"):
+        linattn.linear_attn(**good(), impl="fast")
