@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU validation in one call (run on the device machine from the repository root):
+#   1. the whole test suite natively (no interpreter), at GPU sizes;
+#   2. every book chapter and every solved workbook through nbval (collected with the tests);
+#   3. the benchmarks (tools/bench.py), and the NCCL context-parallel check when 2+ GPUs exist;
+# then a short report in $OUT/report.md (also printed last).
+# The device has no network and no Jupyter stack: carry .devwheels (../shared/tools/device-wheels.sh).
+#   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu)
+set -uo pipefail
+OUT=${OUT:-_build/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+if [ -d .devwheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .devwheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+fi
+python3 - <<'PY' | tee "$OUT/versions.txt"
+import torch, triton, linattn
+print(linattn.device.describe())
+print("python", __import__("sys").version.split()[0], "· GPUs:", torch.cuda.device_count())
+PY
+t0=$(date +%s)
+python3 -m pytest -n 4 -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic \
+  "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+tests_rc=${PIPESTATUS[0]}
+t1=$(date +%s)
+python3 tools/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
+bench_rc=${PIPESTATUS[0]}
+t2=$(date +%s)
+cp_rc=skipped
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] && [ -f tools/cp_nccl.py ]; then
+  python3 tools/cp_nccl.py --backend nccl 2>&1 | tee "$OUT/cp_nccl.log" | tail -20
+  cp_rc=${PIPESTATUS[0]}
+fi
+{
+  echo "# GPU validation report — $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo; echo '```'; cat "$OUT/versions.txt"; echo '```'
+  echo; echo "## Tests + notebooks (nbval), natively: exit $tests_rc, $((t1 - t0)) s"
+  echo '```'; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40; tail -1 "$OUT/pytest.log"; echo '```'
+  echo; echo "## Benchmarks: exit $bench_rc, $((t2 - t1)) s"
+  [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
+  echo; echo "## Context parallel over NCCL: $cp_rc"
+  [ -f "$OUT/cp_nccl.log" ] && { echo '```'; tail -12 "$OUT/cp_nccl.log"; echo '```'; }
+} > "$OUT/report.md"
+cat "$OUT/report.md"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
