@@ -18,7 +18,7 @@ book: setup          ## execute every chapter; executed notebooks land in _build
 	$(PY) tools/build_book.py
 
 test: setup          ## library tests, graders, and every chapter/workbook under nbval
-	$(PY) -m pytest -n $(JOBS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile
 
 lab: setup           ## read the book in JupyterLab (installs it into the venv)
 	$(PY) -m pip install -q jupyterlab

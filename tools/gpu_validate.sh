@@ -23,7 +23,7 @@ print(linattn.device.describe())
 print("python", __import__("sys").version.split()[0], "· GPUs:", torch.cuda.device_count())
 PY
 t0=$(date +%s)
-python3 -m pytest -n 4 -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic \
+python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic \
   "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
