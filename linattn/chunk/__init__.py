@@ -2,3 +2,4 @@
 from .linear import linear_attn
 
 __all__ = ["linear_attn"]
+from .delta import delta_rule, kda; __all__ += ["delta_rule", "kda"]  # noqa: E402,E702

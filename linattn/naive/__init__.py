@@ -5,3 +5,4 @@ Run them on float64 inputs to get the reference every other level is checked aga
 from .linear import linear_attn, linear_attn_parallel
 
 __all__ = ["linear_attn", "linear_attn_parallel"]
+from .delta import delta_rule, kda; __all__ += ["delta_rule", "kda"]  # noqa: E402,E702
