@@ -1,0 +1,314 @@
+"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, three kernels.
+
+Notation (as in linattn.chunk.delta): a chunk of C tokens enters with state S [K, V]; G_i is the
+log-decay summed from the chunk start (per key dimension for KDA, one per head for Gated DeltaNet,
+0 for DeltaNet); A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j); T = (I + A)⁻¹;
+U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
+
+    O  = scale (Q ⊙ e^G) S + Aqk Ṽ,      Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}  (j ≤ i)
+    S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
+
+Stage 1, `_wy_kernel`, one program per (chunk, head), fully parallel: G, A, Aqk, T, W, U.
+Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
+    Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
+Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
+
+Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32, so
+no factor e^{+G} is ever formed. Between sub-chunks of 16 tokens the KDA score is split at the
+sub-chunk boundary b: e^{G_i − G_b} · e^{G_b − G_j}, both exponents ≤ 0 (i after b, j up to b), and
+the product of the two factors is a tensor-core dot. Inside a 16×16 diagonal block the exponent
+G_i − G_j is formed element by element in float32. The inverse T is built from the 16×16 diagonal
+blocks (forward substitution) and dots that combine them.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from ..naive.delta import check_keys
+from ..validate import InputError, check_chunk, check_inputs
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot
+
+SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
+MAX_HEAD_DIM = 256
+
+
+def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
+               chunk_size=64):
+    """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t."""
+    d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
+    check_chunk(chunk_size, power_of_two=True, minimum=SUB)
+    check_keys(k, beta)
+    return _forward(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size)
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+        chunk_size=64):
+    """KDA (g [B,T,H,K]) or Gated DeltaNet (g [B,T,H]) on the GPU:
+    S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
+    d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                     gate=True, delta=True)
+    check_chunk(chunk_size, power_of_two=True, minimum=SUB)
+    check_keys(k, beta)
+    return _forward(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size)
+
+
+# ---------------------------------------------------------------- host side
+
+def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
+    check_kernel_inputs(q)
+    for name, n in (("q", d.K), ("v", d.V)):
+        if n > MAX_HEAD_DIM:
+            raise InputError(f"{name} has head dimension {n}; linattn.triton.delta supports up to "
+                             f"{MAX_HEAD_DIM} (one tile holds a whole key row and the state block)")
+    q, k, v, g, beta = contiguous(q, k, v, g, beta)
+    h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
+    NT = triton.cdiv(T, C)
+    dev, f32 = q.device, torch.float32
+    gate = 0 if g is None else (1 if g.dim() == 3 else 2)
+    cdt = compute_dtype(q.dtype)
+    ieee = cdt == tl.float32
+    work = torch.float32 if ieee else q.dtype  # what the tensor cores read between stages
+    BK, BV = block(K), min(block(V), 64)
+
+    # stage 1: the WY factors of every chunk
+    gc = outputs.empty(g.shape, dtype=f32, device=dev) if gate else q  # q: a dummy pointer
+    w = outputs.empty((B, T, H, K), dtype=work, device=dev)
+    u = outputs.empty((B, T, H, V), dtype=work, device=dev)
+    aqk = outputs.empty((B, T, H, C), dtype=work, device=dev)
+    _wy_kernel[(NT, B * H)](
+        q, k, v, g if gate else q, beta, gc, w, u, aqk, d.scale, T,
+        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
+        LOG_NB=(C // SUB).bit_length() - 1, num_warps=4 if C <= 64 else 8)
+
+    # stage 2: the affine pass over chunks
+    hs = outputs.empty((B, H, NT, K, V), dtype=work, device=dev)
+    vnew = outputs.empty((B, T, H, V), dtype=work, device=dev)
+    ht = outputs.empty((B, H, K, V), dtype=f32, device=dev) if output_final_state else hs
+    _state_kernel[(triton.cdiv(V, BV), B * H)](
+        k, gc, w, u, h0 if h0 is not None else hs, hs, vnew, ht, T, NT,
+        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
+        HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=4)
+
+    # stage 3: the outputs, every chunk at once
+    o = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
+    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, gc, hs, aqk, vnew, o, d.scale, T, NT,
+        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee, num_warps=4)
+    return o, (ht if output_final_state else None)
+
+
+# ---------------------------------------------------------------- device helpers
+
+@triton.jit
+def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b on the tensor cores: operands in the compute dtype, float32 accumulation."""
+    return dot(a.to(DT), b.to(DT), IEEE)
+
+
+@triton.jit
+def _block_diag(D3, NB: tl.constexpr, C: tl.constexpr):
+    """[NB, 16, 16] diagonal blocks → the [C, C] block-diagonal matrix (zeros elsewhere)."""
+    nb = tl.arange(0, NB)
+    same = nb[:, None, None, None] == nb[None, None, :, None]             # [NB, 1, NB, 1]
+    return tl.reshape(tl.where(same, D3[:, :, None, :], 0.0), (C, C))
+
+
+@triton.jit
+def _diag_blocks(A, NB: tl.constexpr, C: tl.constexpr):
+    """[C, C] → its [NB, 16, 16] diagonal blocks."""
+    nb = tl.arange(0, NB)
+    same = nb[:, None, None, None] == nb[None, None, :, None]
+    A4 = tl.reshape(A, (NB, 16, NB, 16))
+    return tl.sum(tl.where(same, A4, 0.0), axis=2)
+
+
+@triton.jit
+def _decayed_gram(X, Y, G, STRICT: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                  DT: tl.constexpr, IEEE: tl.constexpr):
+    """M_ij = Σ_d X_id Y_jd e^{G_id − G_jd} for i > j (STRICT) or i ≥ j, else 0.   X, Y, G [C, BK].
+
+    Blocks below the diagonal: one dot per sub-chunk s, split at b = 16 s − 1 (last token before
+    s): rows i in s carry e^{G_i − G_b}, rows j ≤ b carry e^{G_b − G_j}; both exponents are ≤ 0.
+    Diagonal 16×16 blocks: the exponent G_i − G_j itself, in float32, one column j at a time.
+    """
+    NB: tl.constexpr = C // 16
+    rows = tl.arange(0, C)
+    M = tl.zeros((C, C), dtype=tl.float32)
+    for s in tl.static_range(1, NB):
+        gb = tl.sum(tl.where(rows[:, None] == s * 16 - 1, G, 0.0), axis=0)           # [BK]
+        xs = tl.where((rows[:, None] // 16) == s, X * tl.exp(tl.minimum(G - gb[None, :], 0.0)), 0.0)
+        ys = tl.where(rows[:, None] < s * 16, Y * tl.exp(tl.minimum(gb[None, :] - G, 0.0)), 0.0)
+        M += _mm(xs, tl.trans(ys), DT, IEEE)                                       # [C, C]
+    r = tl.arange(0, 16)
+    X3 = tl.reshape(X, (NB, 16, BK))
+    Y3 = tl.reshape(Y, (NB, 16, BK))
+    G3 = tl.reshape(G, (NB, 16, BK))
+    D3 = tl.zeros((NB, 16, 16), dtype=tl.float32)
+    for j in range(16):
+        pick = r[None, :, None] == j
+        yj = tl.sum(tl.where(pick, Y3, 0.0), axis=1)                              # [NB, BK]
+        gj = tl.sum(tl.where(pick, G3, 0.0), axis=1)                              # [NB, BK]
+        # min(·, 0): entries above the diagonal (masked below) must not overflow on the way
+        col = tl.sum(X3 * yj[:, None, :] * tl.exp(tl.minimum(G3 - gj[:, None, :], 0.0)), axis=2)
+        D3 = tl.where(r[None, None, :] == j, col[:, :, None], D3)                 # [NB, 16, 16]
+    if STRICT:
+        D3 = tl.where(r[None, :, None] > r[None, None, :], D3, 0.0)
+    else:
+        D3 = tl.where(r[None, :, None] >= r[None, None, :], D3, 0.0)
+    return M + _block_diag(D3, NB, C)
+
+
+@triton.jit
+def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.constexpr):
+    """(I + A)⁻¹ for strictly lower-triangular A [C, C] (float32).
+
+    Split I + A = D + N, D its 16×16 diagonal blocks (unit lower), N the blocks below. D⁻¹ comes
+    from forward substitution; then (I + A)⁻¹ = (I + X)⁻¹ D⁻¹ with X = D⁻¹ N strictly
+    block-lower, so X^NB = 0 and (I + X)⁻¹ = (I − X)(I + X²)(I + X⁴)… — log₂ NB dots deep.
+    """
+    NB: tl.constexpr = C // 16
+    r = tl.arange(0, 16)
+    # forward substitution inside each diagonal block: row i of R = D⁻¹ − I is
+    # R_i = −A_i − Σ_m A_im R_m, so rows above i are final when row i is formed
+    R = -_diag_blocks(A, NB, C)                                                   # [NB, 16, 16]
+    for i in tl.static_range(1, 16):
+        pick = r[None, :, None] == i
+        a = tl.sum(tl.where(pick, R, 0.0), axis=1)                                # [NB, 16]
+        a = a + tl.sum(a[:, :, None] * R, axis=1)
+        R = tl.where(pick, a[:, None, :], R)
+    R = tl.where(r[None, :, None] == r[None, None, :], 1.0, R)
+    Dinv = _block_diag(R, NB, C)                                                  # [C, C]
+    if NB == 1:
+        return Dinv
+    rows = tl.arange(0, C)
+    N = tl.where((rows[:, None] // 16) > (rows[None, :] // 16), A, 0.0)
+    X = dot(Dinv, N, IEEE)
+    P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0) - X                   # I − X
+    for _ in tl.static_range(1, LOG_NB):
+        X = dot(X, X, IEEE)                                                       # X^(2^p)
+        P = P + dot(P, X, IEEE)
+    return dot(P, Dinv, IEEE)
+
+
+# ---------------------------------------------------------------- the three kernels
+
+@triton.jit
+def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, LOG_NB: tl.constexpr):
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    row = (b * T + t).to(tl.int64) * H + h                                        # [C] token rows
+    dk = tl.arange(0, BK)
+    mk = tm[:, None] & (dk[None, :] < K)
+    kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
+    qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+    bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
+    i, j = tl.arange(0, C)[:, None], tl.arange(0, C)[None, :]
+    if GATE == 2:
+        G = tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
+                      axis=0)
+        tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
+        A = _decayed_gram(kt, kt, G, True, C, BK, DT, IEEE)
+        Aqk = _decayed_gram(qt, kt, G, False, C, BK, DT, IEEE)
+        kb = kt * tl.exp(G)
+    else:
+        A = _mm(kt, tl.trans(kt), DT, IEEE)                                       # [C, C]
+        Aqk = _mm(qt, tl.trans(kt), DT, IEEE)
+        kb = kt
+        if GATE == 1:
+            G1 = tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
+            tl.store(gc + row, G1, mask=tm)
+            E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
+            A, Aqk = A * E, Aqk * E
+            kb = kt * tl.exp(G1)[:, None]
+        A = tl.where(i > j, A, 0.0)
+        Aqk = tl.where(i >= j, Aqk, 0.0)
+    A = A * bt[:, None]                                                           # β_i on row i
+    tl.store(aqk + row[:, None] * C + j, (Aqk * scale).to(aqk.dtype.element_ty), mask=tm[:, None])
+    Tinv = _unit_lower_inverse(A, C, LOG_NB, IEEE)
+    Wt = _mm(Tinv, kb * bt[:, None], DT, IEEE)                                    # [C, BK]
+    tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
+    for v0 in range(0, V, BV):
+        dv = v0 + tl.arange(0, BV)
+        mv = tm[:, None] & (dv[None, :] < V)
+        vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
+        Ut = _mm(Tinv, vt * bt[:, None], DT, IEEE)                                # [C, BV]
+        tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _state_kernel(k, gc, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    iv, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    dk = tl.arange(0, BK)
+    dv = iv * BV + tl.arange(0, BV)
+    ms = (dk[:, None] < K) & (dv[None, :] < V)
+    S = tl.zeros((BK, BV), dtype=tl.float32)                                     # [BK, BV]
+    if HAS_H0:
+        S = tl.load(h0 + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], mask=ms, other=0.0)
+    for n in range(NT):
+        # the state entering chunk n, for the output stage
+        hn = hs + (bh.to(tl.int64) * NT + n) * K * V
+        tl.store(hn + dk[:, None] * V + dv[None, :], S.to(hs.dtype.element_ty), mask=ms)
+        t = n * C + tl.arange(0, C)
+        tm = t < T
+        row = (b * T + t).to(tl.int64) * H + h
+        mk = tm[:, None] & (dk[None, :] < K)
+        mv = tm[:, None] & (dv[None, :] < V)
+        Wt = tl.load(w + row[:, None] * K + dk[None, :], mask=mk, other=0.0)     # [C, BK]
+        Ut = tl.load(u + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
+        Vt = Ut - _mm(Wt, S, DT, IEEE)                                            # [C, BV] Ṽ
+        tl.store(vnew + row[:, None] * V + dv[None, :], Vt.to(vnew.dtype.element_ty), mask=mv)
+        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+        last = (b * T + tl.minimum(n * C + C, T) - 1).to(tl.int64) * H + h   # last real token
+        if GATE == 2:
+            G = tl.load(gc + row[:, None] * K + dk[None, :], mask=mk, other=0.0)
+            gl = tl.load(gc + last * K + dk, mask=dk < K, other=0.0)             # [BK] G_C
+            kt = kt * tl.exp(gl[None, :] - G)         # ≤ 0 on real rows; padded rows have k = 0
+            S = S * tl.exp(gl)[:, None]
+        elif GATE == 1:
+            G1 = tl.load(gc + row, mask=tm, other=0.0)
+            gl1 = tl.load(gc + last)
+            kt = kt * tl.exp(gl1 - G1)[:, None]
+            S = S * tl.exp(gl1)
+        S += _mm(tl.trans(kt), Vt, DT, IEEE)                                      # [BK, BV]
+    if STORE_HT:
+        tl.store(ht + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], S, mask=ms)
+
+
+@triton.jit
+def _output_kernel(q, gc, hs, aqk, vnew, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    iv, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    row = (b * T + t).to(tl.int64) * H + h
+    dk = tl.arange(0, BK)
+    dv = iv * BV + tl.arange(0, BV)
+    mk = tm[:, None] & (dk[None, :] < K)
+    mv = tm[:, None] & (dv[None, :] < V)
+    qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+    if GATE == 2:
+        qt = qt * tl.exp(tl.load(gc + row[:, None] * K + dk[None, :], mask=mk, other=0.0))
+    elif GATE == 1:
+        qt = qt * tl.exp(tl.load(gc + row, mask=tm, other=0.0))[:, None]
+    hn = hs + (bh.to(tl.int64) * NT + n) * K * V
+    S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),
+                other=0.0)                                                        # [BK, BV]
+    jc = tl.arange(0, C)
+    Aqk = tl.load(aqk + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0)  # [C, C]
+    Vt = tl.load(vnew + row[:, None] * V + dv[None, :], mask=mv, other=0.0)      # [C, BV]
+    out = _mm(qt * scale, S, DT, IEEE) + _mm(Aqk, Vt, DT, IEEE)                  # [C, BV]
+    tl.store(o + row[:, None] * V + dv[None, :], out.to(o.dtype.element_ty), mask=mv)
