@@ -6,3 +6,4 @@ from .linear import linear_attn, linear_attn_parallel
 
 __all__ = ["linear_attn", "linear_attn_parallel"]
 from .delta import delta_rule, kda; __all__ += ["delta_rule", "kda"]  # noqa: E402,E702
+from .gated import gla, gla_parallel; __all__ += ["gla", "gla_parallel"]  # noqa: E402,E702

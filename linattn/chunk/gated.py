@@ -1,0 +1,116 @@
+"""Chunkwise gated linear attention: decay absorption at the chunk level, secondary chunking inside.
+
+Split T into chunks of C tokens. With b the prefix sum of the log-gates *inside* a chunk and the
+chunk-level factors of `linattn.decay` (Λ = exp b_t, Γ = exp(b_C − b_t), γ = exp b_C):
+    O_[n] = scale · ((Q_[n] ⊙ Λ) S_[n-1] + P_[n] V_[n])              inter + intra
+    S_[n] = diag(γ) S_[n-1] + (K_[n] ⊙ Γ)ᵀ V_[n]                     state pass
+P_[n] is the gated attention matrix of the chunk, P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ), i ≥ j.
+For per-dimension gates P is built from c × c tiles (secondary chunking): tiles below the
+diagonal are matmuls after absorbing the decay relative to the query sub-chunk's start (both
+exponents ≤ 0); the diagonal tiles are computed in float32 log space. For per-head (scalar) gates
+the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal decay mask D, and no
+secondary chunking is needed (sub_chunk_size is then validated but unused).
+
+`inter_dtype` is the dtype the matmul operands are rounded to (the tensor-core tiles: Q̃K̃ᵀ, P V,
+Q̃ S, K̃ᵀ V); products are accumulated in float32, as tensor cores do. None → the input dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import decay, outputs
+from ..naive.linear import initial
+from ..validate import FLOAT_DTYPES, InputError, check_chunk, check_inputs
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+        sub_chunk_size=16, inter_dtype=None):
+    d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
+    check_chunk(chunk_size, sub_chunk_size)
+    mm = _matmul_dtype(inter_dtype, q.dtype)
+    C = chunk_size
+    # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
+    qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]
+    kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
+    vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
+    gc = decay.chunked(g.to(d.acc), C)                                # [B, H, N, C] or [.., C, K]
+
+    P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=sub_chunk_size, inter_dtype=mm)  # [B,H,N,C,C]
+    o = _mm(P, vc, mm)                                                # [B, H, N, C, V] intra
+
+    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, K or 1]
+    Sin, S = _state_pass(kc * decay.key_decay(gd), vc, decay.total_decay(gd),
+                         initial(initial_state, d, q.device), mm)     # [B, H, N, K, V], [B, H, K, V]
+    o = o + _mm(qc * decay.query_decay(gd), Sin, mm)                  # + inter: (Q ⊙ Λ) S_[n-1]
+
+    out = outputs.empty((d.B, d.T, d.H, d.V), dtype=d.acc, device=q.device)
+    out[:] = decay.unchunked(o, d.T)
+    return out.to(v.dtype), (S if output_final_state else None)
+
+
+def _state_pass(k_abs, vc, gamma, S, mm):
+    """The only sequential part: S_[n] = diag(γ_n) S_[n-1] + (K_[n] ⊙ Γ)ᵀ V_[n].
+
+    k_abs [B, H, N, C, K] keys with Γ absorbed; gamma [B, H, N, K or 1]. Returns the state entering
+    each chunk [B, H, N, K, V] and the state after the last chunk.
+    """
+    kv = _mm(k_abs.transpose(-1, -2), vc, mm)                         # [B, H, N, K, V], all chunks at once
+    entering = []
+    for n in range(kv.shape[2]):
+        entering.append(S)
+        S = gamma[:, :, n, :, None] * S + kv[:, :, n]                 # diag(γ) S: decays row κ by γ_κ
+    return torch.stack(entering, dim=2), S
+
+
+def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
+    """The gated attention matrix of one chunk, P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) (i ≥ j), 0 above.
+
+    q, k [..., C, K]; g [..., C, K] per-dimension or [..., C] per-head log-gates of *this chunk*
+    (b is their prefix sum from the chunk start). Returns [..., C, C] in q's dtype (float32 for
+    lower-precision inputs); no scale is applied. Per-dimension gates use secondary chunking with
+    sub-chunks of `sub_chunk_size` tokens, which must divide C.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    mm = _matmul_dtype(inter_dtype, q.dtype)
+    q, k = q.to(acc), k.to(acc)
+    if g.dim() == q.dim() - 1:
+        # Scalar gates: exp(b_i − b_j) does not depend on κ, so it leaves the sum: (Q Kᵀ) ⊙ D.
+        return _mm(q, k.transpose(-1, -2), mm) * decay.decay_mask(g).to(acc)
+    C, c = q.shape[-2], sub_chunk_size
+    check_chunk(C, c)
+    n_sub = C // c
+    qs, ks, gs = (x.unflatten(-2, (n_sub, c)) for x in (q, k, g))   # [..., n_sub, c, K]
+    P = torch.zeros(*q.shape[:-1], C, dtype=acc, device=q.device)     # [..., C, C]
+
+    # Diagonal tiles: the decay sits inside the dot product → elementwise, float32, log space.
+    diag = torch.einsum("...ik,...jk,...ijk->...ij", qs, ks, decay.pairwise_decay(gs).to(acc))
+    # Tiles below the diagonal, one row of tiles per query sub-chunk i, split at r = i·c:
+    # exp(b_m − b_n) = exp(Σ_{r ≤ s ≤ m} g_s) · exp(Σ_{n < s < r} g_s), both exponents ≤ 0.
+    q_abs = qs * decay.query_decay(gs).to(acc)                        # [..., n_sub, c, K]
+    for i in range(n_sub):
+        r = i * c
+        P[..., r:r + c, r:r + c] = diag[..., i, :, :]
+        if i:
+            k_abs = k[..., :r, :] * decay.key_decay(g[..., :r, :]).to(acc)  # [..., r, K]
+            P[..., r:r + c, :r] = _mm(q_abs[..., i, :, :], k_abs.transpose(-1, -2), mm)
+    return P
+
+
+def _matmul_dtype(inter_dtype, input_dtype):
+    if inter_dtype is None:
+        return input_dtype
+    if inter_dtype not in FLOAT_DTYPES:
+        raise InputError(f"inter_dtype must be None (→ the input dtype) or one of "
+                         f"{[str(t) for t in FLOAT_DTYPES]}, got {inter_dtype!r}")
+    return inter_dtype
+
+
+def _mm(a, b, dtype):
+    """a @ b with both operands rounded to `dtype` and the products summed in a's (wider) dtype.
+
+    This is what a tensor core does with bf16/fp16 tiles and a float32 accumulator: the rounding of
+    the operands is the only error it adds (a bf16 × bf16 product is exact in float32).
+    """
+    if dtype == a.dtype or a.dtype.itemsize <= dtype.itemsize:
+        return a @ b
+    return a.to(dtype).to(a.dtype) @ b.to(dtype).to(a.dtype)

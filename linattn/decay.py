@@ -1,0 +1,114 @@
+"""Decay machinery shared by every gated operation (GLA, Mamba-2/RetNet-style scalar decay, KDA).
+
+Gates arrive as log-decays g ≤ 0 (a decay exp(g) ∈ (0, 1]). Nothing here ever forms a bare
+cumulative product of decays: a product of a few hundred gates underflows in float32, and its
+inverse overflows. Everything is a sum of log-gates over a *segment* of the sequence, computed
+directly (not as the difference of two long prefix sums, which would cancel catastrophically),
+and `exp` is only taken of sums that are ≤ 0.
+
+Layout. Chunked tensors are [B, H, N, C, ...]: N chunks of C tokens. A per-head (scalar) gate is
+carried as [..., C, 1] so that it broadcasts over the key dimension K exactly like a per-dimension
+gate [..., C, K]; `per_dim` turns g [B, T, H] into that form.
+
+Inside one chunk with log-gates g_1..g_C (rows of a [C, K] tile), write b_t = g_1 + … + g_t:
+    Λ_t = exp(b_t)               query side: decay from the chunk start to t (inclusive)
+    Γ_t = exp(b_C − b_t)         key side: decay from t (exclusive) to the chunk end
+    γ   = exp(b_C)               total decay over the chunk
+so that Λ_i Γ_j / γ = exp(b_i − b_j), the decay from key j to query i.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gate_dtype(g: torch.Tensor) -> torch.dtype:
+    """Cumulative sums run in float32 (float64 when the gates are float64, for references)."""
+    return torch.float64 if g.dtype == torch.float64 else torch.float32
+
+
+def per_dim(g: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """g [B, T, H] (one decay per head) → [B, T, H, 1]; g [B, T, H, K] is returned as it is."""
+    return g.unsqueeze(-1) if g.dim() == q.dim() - 1 else g
+
+
+def chunked(x: torch.Tensor, C: int, value: float = 0.0) -> torch.Tensor:
+    """[B, T, H, ...] → [B, H, N, C, ...] with N = ceil(T / C), the tail padded with `value`.
+
+    Padding q, k, v with 0 and g with 0 (decay 1) is exact: a zero key writes nothing and a unit
+    decay leaves the state alone, so the padded tokens change neither outputs nor final state.
+    """
+    B, T, H = x.shape[:3]
+    N = -(-T // C)
+    x = x.movedim(2, 1)                                                # [B, H, T, ...]
+    pad = [0, 0] * (x.dim() - 3) + [0, N * C - T]
+    x = F.pad(x, pad, value=value)
+    return x.reshape(B, H, N, C, *x.shape[3:])
+
+
+def unchunked(x: torch.Tensor, T: int) -> torch.Tensor:
+    """[B, H, N, C, ...] → [B, T, H, ...], dropping the padding."""
+    B, H, N, C = x.shape[:4]
+    return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :T].movedim(1, 2)
+
+
+def prefix(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """b_t = Σ_{s ≤ t} g_s along `dim`, in float32 (float64 for float64 gates). Always ≤ 0."""
+    return g.to(gate_dtype(g)).cumsum(dim)
+
+
+def suffix(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Σ_{s > t} g_s along `dim` (the decay from just after t to the end), summed from the end.
+
+    Summing from the far end keeps the rounding error proportional to the result itself; the
+    difference b_C − b_t of two prefix sums would carry the rounding error of b_C, which can be
+    huge (strong gates) while b_C − b_t is tiny.
+    """
+    g = g.to(gate_dtype(g))
+    return g.flip(dim).cumsum(dim).flip(dim) - g
+
+
+def query_decay(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Λ = exp(b_t): the decay from the start of the block to t, t included."""
+    return prefix(g, dim).exp()
+
+
+def key_decay(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Γ = exp(Σ_{s > t} g_s): the decay a key at t suffers until the end of the block."""
+    return suffix(g, dim).exp()
+
+
+def total_decay(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """γ = exp(Σ_s g_s): the decay over the whole block (the dimension `dim` is removed)."""
+    return g.to(gate_dtype(g)).sum(dim).exp()
+
+
+def segment_sums(g: torch.Tensor) -> torch.Tensor:
+    """[..., L] → [..., L, L] with entry (i, j) = Σ_{j < s ≤ i} g_s for i ≥ j and −inf above.
+
+    Each segment is summed on its own (a cumulative sum down each column of a masked copy), so a
+    short segment is exact even where the prefix sums around it are large. exp of the result is
+    the causal decay mask; −inf above the diagonal makes exp give exactly 0 there (never inf·0).
+    Cost O(L²) per row: meant for chunks and sub-chunks, not whole sequences.
+    """
+    L = g.shape[-1]
+    g = g.to(gate_dtype(g))
+    x = g[..., :, None].expand(*g.shape, L)                            # [..., L(s), L(j)]: g_s
+    strictly_below = torch.ones(L, L, dtype=torch.bool, device=g.device).tril(-1)
+    x = x.masked_fill(~strictly_below, 0).cumsum(-2)                   # Σ_{j < s ≤ i} g_s
+    causal = torch.ones(L, L, dtype=torch.bool, device=g.device).tril()
+    return x.masked_fill(~causal, float("-inf"))
+
+
+def decay_mask(g: torch.Tensor) -> torch.Tensor:
+    """Scalar gates [..., L] → the causal decay mask D [..., L, L], D_ij = exp(b_i − b_j), i ≥ j."""
+    return segment_sums(g).exp()
+
+
+def pairwise_decay(g: torch.Tensor) -> torch.Tensor:
+    """Per-dimension gates [..., L, K] → [..., L, L, K] with exp(b_ik − b_jk) for i ≥ j, else 0.
+
+    This is the factor that sits *inside* the dot product of the GLA attention matrix; it cannot
+    be pulled out as a matrix on either side, which is why such tiles are not matmuls.
+    """
+    return segment_sums(g.transpose(-1, -2)).exp().permute(*range(g.dim() - 2), -2, -1, -3)
