@@ -1,0 +1,115 @@
+"""linattn.triton.delta_rule / kda against the float64 naive recurrence.
+
+The same file runs natively on a GPU and through the Triton interpreter on a CPU (small shapes
+there: the interpreter executes every program in Python). Outputs are poisoned with NaN, so an
+element a kernel forgets to write fails the relative-error check.
+"""
+import pytest
+import torch
+
+from linattn import device, naive, testing
+from linattn.triton import delta as tri
+from linattn.validate import InputError
+
+DEV = device.default_device()
+GPU = DEV == "cuda"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# (op, gate, B, T, H, K, V, chunk): T never a multiple of the chunk, K ≠ V
+SHAPES = [
+    ("delta_rule", None, 2, 45, 2, 32, 48, 16),
+    ("kda", "per_head", 1, 100, 2, 32, 16, 32),
+    ("kda", "per_dim", 2, 70, 1, 16, 48, 64),
+]
+if GPU:  # head dimensions of real models, longer sequences, every chunk size
+    SHAPES += [(op, gate, 2, 1000, 4, K, V, C)
+               for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))
+               for K, V, C in ((128, 128, 64), (64, 256, 32), (256, 128, 128))]
+
+
+def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0):
+    """(triton result, float64 naive result), each (o, final state)."""
+    args = testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV,
+                               gate=gate or "per_dim", strength=strength,
+                               initial_state=initial_state, seed=seed)
+    ref = getattr(naive, op)(**testing.to_float64(args), output_final_state=True)
+    with testing.poisoned():
+        out = getattr(tri, op)(**args, output_final_state=True, chunk_size=C)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s)))
+def test_matches_naive(shape, dtype):
+    (o, S), (o_ref, S_ref) = run(*shape, dtype)
+    assert o.dtype == dtype and o.shape == o_ref.shape
+    assert S.dtype == torch.float32
+    tol = testing.tolerance(dtype)
+    assert testing.rel_err(o, o_ref) <= tol, testing.worst_position(o, o_ref)
+    assert testing.rel_err(S, S_ref) <= tol
+
+
+@pytest.mark.parametrize("gate", ["per_head", "per_dim"])
+def test_strong_gates(gate):
+    # log-gates down to −20 per token: e^{±G} over a chunk would be 0 or inf in float32
+    (o, S), (o_ref, S_ref) = run("kda", gate, 1, 90, 2, 32, 32, 64, torch.float32, strength="strong")
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+    assert testing.rel_err(S, S_ref) <= testing.tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 128])
+def test_chunk_sizes(chunk):
+    # one, two and eight 16×16 diagonal blocks in the inverse; T shorter than one chunk for 128
+    (o, S), (o_ref, S_ref) = run("kda", "per_dim", 1, 100, 1, 32, 32, chunk, torch.float32)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+    assert testing.rel_err(S, S_ref) <= testing.tolerance(torch.float32)
+
+
+def test_without_initial_or_final_state():
+    args = testing.make_inputs("kda", B=1, T=33, H=1, K=16, V=16, device=DEV, seed=3)
+    o_ref, _ = naive.kda(**testing.to_float64(args))
+    with testing.poisoned():
+        o, S = tri.kda(**args, chunk_size=16)
+    assert S is None
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+
+
+def test_gated_delta_with_zero_gates_is_delta_rule():
+    args = testing.make_inputs("delta_rule", B=1, T=40, H=1, K=16, V=32, device=DEV, seed=4)
+    g = torch.zeros(1, 40, 1, device=DEV)
+    with testing.poisoned():
+        o1, _ = tri.delta_rule(**args, chunk_size=16)
+        o2, _ = tri.kda(g=g, **args, chunk_size=16)
+    assert testing.rel_err(o2, o1) <= testing.tolerance(torch.float32)
+
+
+def _args(**kw):
+    a = testing.make_inputs("kda", B=1, T=20, H=1, K=16, V=16, device=DEV, seed=5)
+    a.update(kw)
+    return a
+
+
+@pytest.mark.parametrize("bad, word", [
+    (dict(chunk_size=48), "chunk_size"),                 # not a power of two
+    (dict(chunk_size=8), "chunk_size"),                  # below one 16×16 block
+    (dict(beta=torch.rand(1, 20, 2)), "beta"),
+    (dict(g=torch.full((1, 20, 1, 16), 0.5)), "g"),      # a decay, not a log-decay
+    (dict(scale=-1.0), "scale"),
+    (dict(initial_state=torch.zeros(1, 1, 16, 8)), "initial_state"),
+])
+def test_bad_inputs(bad, word):
+    a = _args()
+    a.update({n: (x.to(DEV) if isinstance(x, torch.Tensor) else x) for n, x in bad.items()})
+    with pytest.raises(InputError, match=word):
+        tri.kda(**a)
+
+
+def test_bad_keys_and_dtypes():
+    a = _args()
+    with pytest.raises(InputError, match="k"):
+        tri.kda(**{**a, "k": a["k"] * 3})                  # β‖k‖² > 2: not normalised
+    with pytest.raises(InputError, match="q"):
+        tri.kda(**{n: x.double() if n in "qkv" else x for n, x in a.items()})
+    big = testing.make_inputs("delta_rule", B=1, T=4, H=1, K=512, V=16, device=DEV)
+    with pytest.raises(InputError, match="q"):
+        tri.delta_rule(**big)
