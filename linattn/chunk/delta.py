@@ -15,7 +15,10 @@ independent of S:  Ṽ = U − W S. Then, per chunk,
 Stability: every exponential above is of a *difference* G_i − G_j with i ≥ j, or G_i − 0, or
 G_C − G_i, all ≤ 0 — decays are measured from the chunk boundary or between two tokens in causal
 order, never as e^{+G}. The factorised form (K ⊙ e^G)(K ⊙ e^{−G})ᵀ would overflow once the
-summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless.
+summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless. The sums
+themselves come from linattn.decay: a segment (j, i] or a tail (i, C] is summed on its own rather
+than as the difference of two prefix sums, whose rounding (≈ 1e-4 at a prefix of −1000 in
+float32) would swamp a short segment.
 
 Any T: the sequence is padded to whole chunks with k = v = q = 0, β = 0, g = 0, tokens whose
 transition is the identity and whose write is zero, and the padded outputs are dropped.
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import outputs
+from .. import decay, outputs
 from ..naive.delta import check_keys
 from ..naive.linear import initial
 from ..validate import check_chunk, check_inputs
@@ -54,48 +57,42 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
 
 
 # ---------------------------------------------------------------- chunk layout and gates
+# The gate algebra (segment sums, query/key-side decays) is linattn.decay, shared with GLA.
 
 def to_chunks(x, C):
     """[B, T, H, *] → [B, H, N, C, *], zero-padded to N = ⌈T / C⌉ whole chunks."""
-    B, T, H = x.shape[:3]
-    N = -(-T // C)
-    x = x.transpose(1, 2)                                              # [B, H, T, *]
-    pad = torch.zeros((B, H, N * C - T) + tuple(x.shape[3:]), dtype=x.dtype, device=x.device)
-    return torch.cat([x, pad], 2).reshape((B, H, N, C) + tuple(x.shape[3:]))
+    return decay.chunked(x, C)
 
 
 def from_chunks(x, T):
     """[B, H, N, C, V] → [B, T, H, V] (drops the padding)."""
-    B, H, N, C = x.shape[:4]
-    return x.reshape(B, H, N * C, -1)[:, :, :T].transpose(1, 2)
+    return decay.unchunked(x, T)
 
 
 def chunk_gates(g, d, C, device):
-    """Log-decays summed from each chunk's start, G_i = g_1 + … + g_i: [B, H, N, C, K or 1].
+    """Raw log-gates per chunk, [B, H, N, C, K or 1] (a per-head gate broadcasts over K).
 
-    Without gates (DeltaNet, linear attention) G = 0: every decay factor below becomes 1.
-    Cumulative sums run in float32 at least (float64 for float64 inputs), never in half precision.
+    Without gates (DeltaNet, linear attention) they are 0: every decay factor below becomes 1.
     """
     if g is None:
-        N = -(-d.T // C)
-        return torch.zeros(d.B, d.H, N, C, 1, dtype=d.acc, device=device)
-    g = g.to(d.acc)
+        return torch.zeros(d.B, d.H, -(-d.T // C), C, 1, dtype=d.acc, device=device)
     g = g[..., None] if g.dim() == 3 else g                            # [B, T, H, K or 1]
-    return to_chunks(g, C).cumsum(3)
+    return decay.chunked(g.to(d.acc), C)
 
 
-def decayed_scores(a, b, G, *, strict):
+def decayed_scores(a, b, gc, *, strict):
     """(a_i · b_j) e^{G_i − G_j} on the lower triangle (strict: i > j, else i ≥ j), 0 above.
 
-    a, b [.., C, K]; G [.., C, K or 1]. The exponent is a difference with i ≥ j, so ≤ 0.
+    a, b [.., C, K]; gc the chunk's raw log-gates [.., C, K or 1]. G_i − G_j is summed over the
+    segment (j, i] itself (decay.segment_sums), never as a difference of two long prefix sums.
     """
     C = a.shape[-2]
     keep = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
-    if G.shape[-1] == 1:  # one decay per head: a C×C factor times a plain matmul
-        E = torch.where(keep, G[..., :, None, 0] - G[..., None, :, 0], float("-inf")).exp()
-        return (a @ b.transpose(-1, -2)) * E                           # [.., C, C]
-    E = torch.where(keep[:, :, None], G[..., :, None, :] - G[..., None, :, :], float("-inf")).exp()
-    return torch.einsum("...ik,...ijk,...jk->...ij", a, E, b)         # E: [.., C, C, K]
+    if gc.shape[-1] == 1:  # one decay per head: a C×C factor times a plain matmul
+        E = decay.decay_mask(gc[..., 0]) * keep                        # [.., C, C]
+        return (a @ b.transpose(-1, -2)) * E
+    E = decay.pairwise_decay(gc) * keep[:, :, None]                    # [.., C, C, K]
+    return torch.einsum("...ik,...ijk,...jk->...ij", a, E, b)
 
 
 def unit_lower_inverse(A):
@@ -132,19 +129,18 @@ def factors(q, k, v, g, beta, d, C, *, delta):
     """The WY factors of every chunk at once (for linear attention / GLA: U = V, W = None)."""
     dev = q.device
     q, k, v_ = (to_chunks(x.to(d.acc), C) for x in (q, k, v))        # [B, H, N, C, *]
-    G = chunk_gates(g, d, C, dev)                                      # [B, H, N, C, K|1]
-    GC = G[..., -1:, :]                                                # [B, H, N, 1, K|1]
-    Qg = q * G.exp()
-    Kdec = k * (GC - G).exp()
-    last = GC.transpose(-1, -2).exp().expand(d.B, d.H, G.shape[2], d.K, 1)   # [B, H, N, K, 1]
-    Aqk = decayed_scores(q, k, G, strict=False)                        # [B, H, N, C, C]
+    gc = chunk_gates(g, d, C, dev)                                     # [B, H, N, C, K|1]
+    Qg = q * decay.query_decay(gc)                                     # e^{G_i}, ≤ 1
+    Kdec = k * decay.key_decay(gc)                                     # e^{G_C − G_i}, summed from the end
+    last = decay.total_decay(gc)[..., None].expand(d.B, d.H, gc.shape[2], d.K, 1)  # [B, H, N, K, 1]
+    Aqk = decayed_scores(q, k, gc, strict=False)                        # [B, H, N, C, C]
     if not delta:
         return Factors(Qg, Kdec, last, Aqk, v_, None)
     b = to_chunks(beta.to(d.acc)[..., None], C)                        # [B, H, N, C, 1]
-    A = b * decayed_scores(k, k, G, strict=True)                       # β_i on row i
+    A = b * decayed_scores(k, k, gc, strict=True)                       # β_i on row i
     Tinv = unit_lower_inverse(A)                                       # [B, H, N, C, C]
     U = Tinv @ (b * v_)                                                # [B, H, N, C, V]
-    W = Tinv @ (b * k * G.exp())                                       # [B, H, N, C, K]
+    W = Tinv @ (b * k * decay.query_decay(gc))                                       # [B, H, N, C, K]
     return Factors(Qg, Kdec, last, Aqk, U, W)
 
 
