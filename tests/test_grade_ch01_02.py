@@ -166,3 +166,18 @@ def test_cases_cover_what_the_mutants_need(name):
         lengths = [kw["q"].shape[1] for kw in kws]
         assert any(T < C for T in lengths) and sum(T % C != 0 for T in lengths) >= len(lengths) - 1
         assert sum(T > 2 * C for T in lengths) >= len(lengths) // 2  # state passed several times
+
+
+def test_cli_score_table_names_why_a_stub_fails(tmp_path, monkeypatch, capsys):
+    # A failed Result is falsy; the table must still show its verdict, not "not checked".
+    from pathlib import Path
+
+    from linattn.grade.cli import main as cli
+
+    monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
+    book = Path(__file__).resolve().parent.parent / "exercises"
+    assert cli([str(book / "01_linear_attention.py"), str(book / "02_chunkwise.py")]) == 1
+    out = capsys.readouterr().out
+    for name in MUTANTS:
+        assert f"FAIL  {name:<28} ❌ {name}" in out and "not written yet" in out, out
+    assert "score: 0/3 exercises passed" in out

@@ -25,8 +25,8 @@ def grade_workbook(path, solved=False):
     rows = []
     for _, name, _ in workbook.exercise_cells(nb):
         r = by_name.get(name)
-        rows.append((name, r.passed if r else False,
-                     r.message.splitlines()[0] if r else "not checked (no check cell ran)"))
+        rows.append((name, r.passed if r is not None else False,
+                     r.message.splitlines()[0] if r is not None else "not checked (no check cell ran)"))
     return rows, errors
 
 

@@ -14,7 +14,7 @@ def linear_cases(seed, **kwargs):
     """
     cases = op_cases("linear_attn", seed, **kwargs)
     cases[0].kwargs["output_final_state"] = False
-    cases[0].note += ", output_final_state=False (final_state must be None)"
+    cases[0].note += ", output_final_state=False"
     cases[2].kwargs["scale"] = 1.0
     cases[2].note += ", scale=1.0"
     return cases
