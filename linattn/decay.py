@@ -65,7 +65,10 @@ def suffix(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
     huge (strong gates) while b_C − b_t is tiny.
     """
     g = g.to(gate_dtype(g))
-    return g.flip(dim).cumsum(dim).flip(dim) - g
+    from_t = g.flip(dim).cumsum(dim).flip(dim)                         # Σ_{s ≥ t} g_s
+    # shift by one instead of subtracting g_t: from_t − g_t would cancel when g_t is huge
+    L = g.shape[dim]
+    return torch.cat([from_t.narrow(dim, 1, L - 1), torch.zeros_like(g.narrow(dim, 0, 1))], dim)
 
 
 def query_decay(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
