@@ -1,0 +1,66 @@
+"""What every Triton kernel wrapper shares: the compute dtype, input checks, block sizes, one dot.
+
+Kept small and stable: linattn/triton/linear.py, gated.py and delta.py import from here.
+
+Two facts decide how a kernel computes (see chapter 09):
+- Natively on a GPU, bf16/fp16 tiles go to the tensor cores as they are (float32 accumulation);
+  float32 tiles use `input_precision="ieee"`, since tf32 (10-bit mantissa) would miss the float32
+  tolerance by two orders of magnitude.
+- Under the Triton interpreter (CPU) bf16 arithmetic is broken, so every tile is upcast to float32
+  right after its load. `compute_dtype` gives the one constexpr that says which case applies.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
+from ..validate import InputError
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def interpreting() -> bool:
+    return device.triton_mode() == "interpreter"
+
+
+def compute_dtype(dtype: torch.dtype):
+    """The dtype tiles have inside a kernel: the input's natively, float32 under the interpreter."""
+    return tl.float32 if interpreting() else _TL[dtype]
+
+
+def check_kernel_inputs(q) -> None:
+    """What the kernels add to linattn.validate: a dtype they compute in, a device they run on."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or "
+                         "float32 (use linattn.chunk or linattn.naive for float64)")
+    if not interpreting() and not q.is_cuda:
+        raise InputError(f"q is on {q.device}; linattn.triton runs on CUDA tensors here (the "
+                         "Triton interpreter is used only on machines without a GPU)")
+
+
+def contiguous(*xs):
+    """Kernels index [B, T, H, *] tensors with plain row-major strides."""
+    return tuple(None if x is None else x.contiguous() for x in xs)
+
+
+def block(n: int, minimum: int = 16) -> int:
+    """Smallest power of two ≥ n and ≥ 16 (tl.dot needs every tile side ≥ 16); masks cover the rest."""
+    return max(triton.next_power_of_2(n), minimum)
+
+
+def num_sms() -> int:
+    """Streaming multiprocessors of the current GPU (1 under the interpreter: nothing runs in parallel)."""
+    if interpreting():
+        return 1
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    """a @ b with float32 accumulation; exact float32 products when IEEE (float32 inputs)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)

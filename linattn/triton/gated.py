@@ -1,0 +1,305 @@
+"""Chunkwise gated linear attention (GLA) in Triton, with secondary chunking; linear attention is g = 0.
+
+Recurrence (state S is K×V): S_t = diag(exp g_t) S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t, with
+g [B,T,H] (one log-decay per head) or [B,T,H,K] (one per key dimension), or no gate at all.
+
+Per chunk of C tokens starting at t0, with b_t = g_{t0} + … + g_t (cumulative log-gate inside the
+chunk, float32) and S the state before the chunk:
+    o_t   = scale · ((q_t ⊙ e^{b_t}) S  +  Σ_{s ≤ t in chunk} Σ_k q_tk k_sk e^{b_tk − b_sk} v_s)
+    S_new = diag(e^{b_last}) S + Σ_s (k_s ⊙ e^{b_last − b_s})ᵀ v_s
+Every exponent is a difference b_t − b_s with t ≥ s (or b alone), so every factor is ≤ 1: nothing
+overflows however strong the gates are; tiny products underflow to 0, which is what they are.
+
+The intra-chunk term for per-dimension gates cannot be one matmul (the decay sits inside the sum
+over k). Secondary chunking splits the chunk into sub-chunks of c tokens:
+- an off-diagonal tile (sub-chunk i attends to j < i) factors through the reference r = b just
+  before sub-chunk i: e^{b_t − b_s} = e^{b_t − r} · e^{r − b_s}, both ≤ 1, so the tile is an
+  ordinary (half-precision) tensor-core matmul of absorbed queries and keys;
+- a diagonal tile (i attends to itself) has no safe reference, so it is computed column by
+  column in float32 with the exponent of the difference.
+For per-head gates the decay leaves the k-sum, so the whole chunk is one matmul times a C×C mask.
+
+Two ways to run the chunks (`mode`):
+- "fused": one program per (batch·head, V-block) walks all chunks, the state stays on chip and
+  nothing is materialised. Parallelism: B·H·V/BV programs.
+- "states": a first kernel walks the chunks and writes the state before every chunk to memory
+  (B·H·NT·K·V values); a second kernel computes every chunk's output in parallel (B·H·NT·V/BV
+  programs). More memory traffic, far more parallelism when B·H is small and T long.
+"auto" picks "fused" when the fused grid alone fills the GPU, else "states".
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from ..validate import InputError, check_chunk, check_inputs
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, interpreting, num_sms
+
+MODES = ("auto", "fused", "states")
+NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
+
+
+@triton.jit
+def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
+    # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
+    i_w, i_n, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rows = i_n * C + tl.arange(0, C)
+    cols = i_w * BW + tl.arange(0, BW)
+    mask = (rows < T)[:, None] & (cols < W)[None, :]
+    offs = i_b * T * W + rows[:, None] * W + cols[None, :]
+    x = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)       # [C, BW]
+    tl.store(b + offs, tl.cumsum(x, axis=0), mask=mask)
+
+
+@triton.jit
+def _state_step(S, k_base, v_base, b_base, t0, T, s_k, s_v, s_b, offs_k, offs_v, K, V,
+                C: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    """The state after the chunk starting at t0, from S (the state before it). S: [BK, BV] float32."""
+    rows = t0 + tl.arange(0, C)
+    rmask = rows < T
+    kmask = offs_k < K
+    k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                other=0.0).to(COMPUTE)                                              # [C, BK]
+    v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
+                mask=rmask[:, None] & (offs_v < V)[None, :], other=0.0).to(COMPUTE)   # [C, BV]
+    last = tl.minimum(t0 + C, T) - 1                                                 # last token of the chunk
+    if GATE == 2:
+        b = tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                    other=0.0)                                                       # [C, BK]
+        b_last = tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)       # [BK]
+        k = (k * tl.exp(b_last[None, :] - b)).to(COMPUTE)    # key decayed to the chunk end (≤ 1)
+        S = S * tl.exp(b_last)[:, None]
+    elif GATE == 1:
+        b = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)                      # [C]
+        b_last = tl.load(b_base + last * s_b)
+        k = (k * tl.exp(b_last - b)[:, None]).to(COMPUTE)
+        S = S * tl.exp(b_last)
+    return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
+
+
+@triton.jit
+def _diagonal_tile(q, k, b, c: tl.constexpr):
+    """A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t, in float32, one column s at a time."""
+    idx = tl.arange(0, c)
+    A = tl.zeros([c, c], dtype=tl.float32)
+    for s in range(c):
+        pick = (idx == s)[:, None]
+        k_s = tl.sum(tl.where(pick, k, 0.0), axis=0)                                  # [BK] row s
+        b_s = tl.sum(tl.where(pick, b, 0.0), axis=0)                                  # [BK]
+        # min(·, 0): rows t < s are masked below; clamping keeps their exp from overflowing.
+        col = tl.sum(q * k_s[None, :] * tl.exp(tl.minimum(b - b_s[None, :], 0.0)), axis=1)  # [c]
+        A = tl.where(idx[None, :] == s, col[:, None], A)
+    return tl.where(idx[:, None] >= idx[None, :], A, 0.0)
+
+
+@triton.jit
+def _chunk_output(S, q_base, k_base, v_base, b_base, o_base, t0, T, K, V, scale,
+                  s_k, s_v, s_b, offs_v, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                  GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    """Write o for the chunk starting at t0, given S [BK, BV] (float32), the state before the chunk."""
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    Sc = S.to(COMPUTE)
+    if GATE == 2:
+        for i in range(C // c):
+            s0 = t0 + i * c
+            if s0 < T:
+                rows = s0 + tl.arange(0, c)
+                rmask = rows < T
+                m_qk = rmask[:, None] & kmask[None, :]
+                q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+                k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+                v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
+                            mask=rmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)        # [c, BV]
+                b = tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=m_qk, other=0.0)  # [c, BK]
+                # inter-chunk: queries decayed from the chunk start see the state
+                acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                               # [c, BV]
+                # reference r: cumulative gate just before sub-chunk i (0 for the first one)
+                r = tl.load(b_base + (s0 - 1) * s_b + offs_k, mask=kmask & (i > 0), other=0.0)  # [BK]
+                # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
+                q_hat = (q * tl.exp(tl.minimum(b - r[None, :], 0.0))).to(COMPUTE)             # [c, BK]
+                for j in range(i):
+                    rj = t0 + j * c + tl.arange(0, c)                                          # all < T
+                    kj = tl.load(k_base + rj[:, None] * s_k + offs_k[None, :], mask=kmask[None, :], other=0.0)
+                    bj = tl.load(b_base + rj[:, None] * s_b + offs_k[None, :], mask=kmask[None, :], other=0.0)
+                    vj = tl.load(v_base + rj[:, None] * s_v + offs_v[None, :], mask=vmask[None, :], other=0.0)
+                    k_hat = (kj.to(tl.float32) * tl.exp(r[None, :] - bj)).to(COMPUTE)           # [c, BK]
+                    A = dot(q_hat, tl.trans(k_hat), IEEE)                                      # [c, c]
+                    acc += dot(A.to(COMPUTE), vj.to(COMPUTE), IEEE)
+                A = _diagonal_tile(q, k, b, c)                                                 # [c, c] float32
+                acc += dot(A.to(COMPUTE), v, IEEE)
+                tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
+                         (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+    else:
+        rows = t0 + tl.arange(0, C)
+        rmask = rows < T
+        m_qk = rmask[:, None] & kmask[None, :]
+        q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)  # [C, BK]
+        k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)  # [C, BK]
+        v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
+                    mask=rmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)                    # [C, BV]
+        A = dot(q, tl.trans(k), IEEE)                                                       # [C, C]
+        if GATE == 1:
+            b = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)                          # [C]
+            A = A * tl.exp(tl.minimum(b[:, None] - b[None, :], 0.0))
+            acc = dot((q * tl.exp(b)[:, None]).to(COMPUTE), Sc, IEEE)                        # [C, BV]
+        else:
+            acc = dot(q, Sc, IEEE)
+        A = tl.where(rows[:, None] >= rows[None, :], A, 0.0)
+        acc += dot(A.to(COMPUTE), v, IEEE)
+        tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
+                 (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+
+
+@triton.jit
+def _bases(q, k, v, b, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
+    # Pointers to (batch i_b, head i_h, token 0) of each [B, T, H, *] tensor, and the gate's row stride.
+    q_base = q + i_b * T * H * K + i_h * K
+    k_base = k + i_b * T * H * K + i_h * K
+    v_base = v + i_b * T * H * V + i_h * V
+    o_base = o + i_b * T * H * V + i_h * V
+    if GATE == 2:
+        b_base = b + i_b * T * H * K + i_h * K
+        s_b = H * K
+    else:
+        b_base = b + i_b * T * H + i_h
+        s_b = H
+    return q_base, k_base, v_base, o_base, b_base, s_b
+
+
+@triton.jit
+def _states_kernel(k, v, b, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
+                   HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
+    # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    _, k_base, v_base, _, b_base, s_b = _bases(k, k, v, b, v, i_b, i_h, T, H, K, V, GATE)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
+    s_offs = offs_k[:, None] * V + offs_v[None, :]
+    if HAS_S0:
+        S = tl.load(s0 + i_bh * K * V + s_offs, mask=smask, other=0.0)                      # [BK, BV]
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(NT):
+        tl.store(h + (i_bh * NT + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
+        S = _state_step(S, k_base, v_base, b_base, n * C, T, H * K, H * V, s_b, offs_k, offs_v, K, V,
+                        C, GATE, COMPUTE, IEEE)
+    if STORE_ST:
+        tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
+
+
+@triton.jit
+def _output_kernel(q, k, v, b, h, o, T, H, K, V, NT, scale, C: tl.constexpr, c: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
+                   IEEE: tl.constexpr):
+    # One program per (V-block, chunk, batch·head): every chunk's output in parallel.
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    q_base, k_base, v_base, o_base, b_base, s_b = _bases(q, k, v, b, o, i_b, i_h, T, H, K, V, GATE)
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
+    S = tl.load(h + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
+                mask=smask, other=0.0).to(tl.float32)                                       # [BK, BV]
+    _chunk_output(S, q_base, k_base, v_base, b_base, o_base, i_n * C, T, K, V, scale,
+                  H * K, H * V, s_b, offs_v, C, c, BK, GATE, COMPUTE, IEEE)
+
+
+@triton.jit
+def _fused_kernel(q, k, v, b, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr, c: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
+                  IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
+    # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    q_base, k_base, v_base, o_base, b_base, s_b = _bases(q, k, v, b, o, i_b, i_h, T, H, K, V, GATE)
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
+    s_offs = offs_k[:, None] * V + offs_v[None, :]
+    if HAS_S0:
+        S = tl.load(s0 + i_bh * K * V + s_offs, mask=smask, other=0.0)                      # [BK, BV]
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(NT):
+        _chunk_output(S, q_base, k_base, v_base, b_base, o_base, n * C, T, K, V, scale,
+                      H * K, H * V, s_b, offs_v, C, c, BK, GATE, COMPUTE, IEEE)
+        S = _state_step(S, k_base, v_base, b_base, n * C, T, H * K, H * V, s_b, offs_k, offs_v, K, V,
+                        C, GATE, COMPUTE, IEEE)
+    if STORE_ST:
+        tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
+
+
+def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
+    B, T = g.shape[:2]
+    W = g[0, 0].numel()
+    b = torch.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
+    BW = min(block(W), max(16, 8192 // chunk_size))
+    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
+    return b
+
+
+def blocks(K: int, V: int):
+    """(BK, BV) for the kernels that hold all of K: keep the [BK, BV] float32 state ≤ 8192 values."""
+    BK = block(K)
+    return BK, max(16, min(block(V), 8192 // BK, 64))
+
+
+def choose_mode(mode: str, B: int, H: int, V: int, BV: int) -> str:
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "fused" if B * H * triton.cdiv(V, BV) >= num_sms() else "states"
+
+
+def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode):
+    """Run the chunk kernels; g is None (linear attention), [B,T,H] or [B,T,H,K]. Inputs validated."""
+    check_kernel_inputs(q)
+    gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
+    C, c = chunk_size, min(sub_chunk_size, chunk_size)
+    q, k, v, g = contiguous(q, k, v, g)
+    s0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
+    NT = triton.cdiv(T, C)
+    COMPUTE = compute_dtype(q.dtype)
+    IEEE = COMPUTE == tl.float32
+    BK, BV = blocks(K, V)
+    mode = choose_mode(mode, B, H, V, BV)
+    b = q if g is None else local_cumsum(g, C)        # unused pointer when there is no gate
+    o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
+    sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
+    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
+    warps = 4
+    if mode == "fused":
+        _fused_kernel[(triton.cdiv(V, BV), B * H)](
+            q, k, v, b, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
+            d.scale, c=c, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
+            num_warps=warps, **common)
+        return o, sT
+    # states: the state before every chunk, in the dtype the output kernel multiplies it in
+    h_dtype = torch.float32 if IEEE else q.dtype
+    h = torch.empty((B, H, NT, K, V), dtype=h_dtype, device=q.device)   # every entry written
+    SK, SV = min(block(K), 64), min(block(V), 64)
+    _states_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
+        k, v, b, h, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
+        BK=SK, BV=SV, HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=warps, **common)
+    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, k, v, b, h, o, T, H, K, V, NT, d.scale, c=c, BK=BK, BV=BV, num_warps=warps, **common)
+    return o, sT
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+        sub_chunk_size=16, mode="auto"):
+    """Gated linear attention forward; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc."""
+    d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
+    check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16)
+    return forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
+                   chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)

@@ -1,0 +1,108 @@
+"""linattn.triton.gla against the float64 recurrence (interpreter on CPU, native on CUDA)."""
+import pytest
+import torch
+
+import linattn
+from linattn import device, naive, testing
+from linattn import triton as lt
+from linattn.validate import InputError
+
+DEV = device.default_device()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# B, T, H, K, V, chunk_size, sub_chunk_size: T not a multiple of C nor c, K != V; bigger on a GPU.
+SHAPE = device.pick(cpu=(1, 83, 2, 32, 48, 32, 16), gpu=(2, 500, 3, 128, 96, 64, 16))
+CHUNKINGS = device.pick(  # (T, C, c): one sub-chunk per chunk, many sub-chunks, C = c = 16
+    cpu=[(45, 16, 16), (70, 64, 16), (40, 32, 32)],
+    gpu=[(300, 16, 16), (700, 128, 16), (300, 64, 32), (600, 256, 64)],
+)
+WIDE = device.pick(cpu=(1, 40, 1, 64, 80, 32, 16), gpu=(1, 400, 2, 256, 256, 64, 16))
+
+
+def run(args, **kw):
+    with testing.poisoned():
+        return lt.gla(**args, output_final_state=True, **kw)
+
+
+def assert_close(args, o, S):
+    o_ref, S_ref = naive.gla(**testing.to_float64(args), output_final_state=True)
+    dtype = args["q"].dtype
+    assert o.dtype == dtype and o.shape == o_ref.shape and S.dtype == torch.float32
+    err_o, err_S = testing.rel_err(o, o_ref), testing.rel_err(S, S_ref)
+    assert err_o <= testing.tolerance(dtype), f"o: rel err {err_o:.2e} at {testing.worst_position(o, o_ref)}"
+    assert err_S <= testing.tolerance(torch.float32), f"final state: rel err {err_S:.2e}"
+
+
+def inputs(B, T, H, K, V, *, dtype=torch.float32, gate="per_dim", strength="normal", init=True, seed=0):
+    return testing.make_inputs("gla", B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV, gate=gate,
+                               strength=strength, initial_state=init, seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
+def test_matches_float64_recurrence(gate, dtype, mode):
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, seed=T)
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
+def test_strong_gates_stay_finite(gate, dtype, mode):
+    # log-gates down to −20 per step: e^{b} of a whole chunk is far below float32's range
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, strength="strong", seed=1)
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("T,C,c", CHUNKINGS, ids=str)
+def test_chunk_and_sub_chunk_sizes(T, C, c, mode):
+    args = inputs(1, T, 2, 32, 16, dtype=torch.bfloat16, seed=C + c)
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
+
+
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
+def test_wide_heads(gate):
+    B, T, H, K, V, C, c = WIDE
+    args = inputs(B, T, H, K, V, dtype=torch.bfloat16, gate=gate, init=False)
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c))
+
+
+def test_zero_gate_is_linear_attention():
+    args = inputs(1, 50, 2, 16, 32, seed=3)
+    args["g"] = torch.zeros_like(args["g"])
+    o, S = run(args, chunk_size=16)
+    o_lin, S_lin = lt.linear_attn(**{n: a for n, a in args.items() if n != "g"}, output_final_state=True,
+                                  chunk_size=16)
+    assert testing.rel_err(o, o_lin) <= 1e-6 and testing.rel_err(S, S_lin) <= 1e-6
+
+
+def test_dispatch_reaches_triton():
+    args = inputs(1, 20, 1, 16, 16, init=False)
+    o, S = linattn.gla(**args, impl="triton", chunk_size=16, sub_chunk_size=16)
+    assert S is None and linattn.which("gla") == "linattn.triton.gla (reference)"
+    assert testing.rel_err(o, naive.gla(**testing.to_float64(args))[0]) <= 1e-5
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"sub_chunk_size": 8}, "sub_chunk_size"),
+    ({"sub_chunk_size": 64, "chunk_size": 32}, "sub_chunk_size"),
+    ({"chunk_size": 48}, "chunk_size"),
+    ({"mode": "both"}, "mode"),
+])
+def test_bad_arguments(bad, match):
+    args = inputs(1, 8, 1, 16, 16, init=False)
+    with pytest.raises(InputError, match=match):
+        lt.gla(**args, **bad)
+
+
+def test_bad_gates():
+    args = inputs(1, 8, 1, 16, 16, init=False)
+    with pytest.raises(InputError, match="g must hold log-decays"):
+        lt.gla(**{**args, "g": -args["g"] + 0.1})
+    with pytest.raises(InputError, match="g must have shape"):
+        lt.gla(**{**args, "g": args["g"][..., :4]})
+    with pytest.raises(InputError, match="q has dtype torch.float64"):
+        lt.gla(**{n: a.double() for n, a in args.items()})
