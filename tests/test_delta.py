@@ -1,0 +1,157 @@
+"""Delta rule, Gated DeltaNet and KDA at the naive and chunk levels against the float64 recurrence."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn import InputError, chunk, naive, testing, validate
+from linattn.chunk.delta import unit_lower_inverse
+
+CASES = [  # B, T, H, K, V, chunk_size
+    (1, 1, 1, 4, 4, 16),
+    (2, 37, 2, 16, 24, 16),     # T not a multiple of C, K != V
+    (1, 64, 2, 32, 8, 64),      # exactly one chunk
+    (2, 100, 1, 8, 20, 32),     # partial last chunk
+]
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+GATES = [("per_dim", "normal"), ("per_head", "normal"), ("per_dim", "strong"), ("per_head", "strong")]
+
+
+def state_tol(dtype):
+    return testing.tolerance(torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+def check(fn, args, ref_fn, dtype, **extra):
+    with testing.poisoned():
+        o, S = fn(**args, output_final_state=True, **extra)
+    o_ref, S_ref = ref_fn(**testing.to_float64(args), output_final_state=True)
+    assert o.dtype == dtype and o.shape == o_ref.shape
+    assert S.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, S_ref) <= state_tol(dtype)
+
+
+@pytest.mark.parametrize("level", ["naive", "chunk"])
+@pytest.mark.parametrize("B,T,H,K,V,C", CASES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("init", [False, True], ids=["zero", "init"])
+def test_delta_rule_matches_float64(level, B, T, H, K, V, C, dtype, init):
+    args = testing.make_inputs("delta_rule", B=B, T=T, H=H, K=K, V=V, dtype=dtype,
+                               initial_state=init, seed=T + K)
+    extra = {"chunk_size": C} if level == "chunk" else {}
+    check(getattr(chunk if level == "chunk" else naive, "delta_rule"), args, naive.delta_rule,
+          dtype, **extra)
+
+
+@pytest.mark.parametrize("level", ["naive", "chunk"])
+@pytest.mark.parametrize("B,T,H,K,V,C", CASES)
+@pytest.mark.parametrize("gate,strength", GATES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_kda_matches_float64(level, B, T, H, K, V, C, gate, strength, dtype):
+    args = testing.make_inputs("kda", B=B, T=T, H=H, K=K, V=V, dtype=dtype, gate=gate,
+                               strength=strength, initial_state=True, seed=T + K + 1)
+    extra = {"chunk_size": C} if level == "chunk" else {}
+    check(getattr(chunk if level == "chunk" else naive, "kda"), args, naive.kda, dtype, **extra)
+
+
+def test_naive_is_the_householder_recurrence():
+    """An independent form of the same update: S_t = (I − β kᵀk) S_{t−1} + β kᵀ v, matrices only."""
+    a = testing.make_inputs("delta_rule", B=1, T=30, H=1, K=6, V=5, dtype=torch.float64,
+                            initial_state=True, seed=3)
+    q, k, v, beta = a["q"][0, :, 0], a["k"][0, :, 0], a["v"][0, :, 0], a["beta"][0, :, 0]
+    a["initial_state"] = a["initial_state"].double()
+    S, outs = a["initial_state"][0, 0].clone(), []
+    for t in range(30):
+        kt = k[t:t + 1]                                                # [1, K]
+        S = (torch.eye(6, dtype=S.dtype) - beta[t] * kt.T @ kt) @ S + beta[t] * kt.T @ v[t:t + 1]
+        outs.append(6 ** -0.5 * q[t] @ S)
+    o, S_end = naive.delta_rule(**a, output_final_state=True)
+    assert testing.rel_err(o[0, :, 0], torch.stack(outs)) < 1e-13
+    assert testing.rel_err(S_end[0, 0], S) < 1e-13
+
+
+def test_kda_reduces_to_gated_deltanet_and_deltanet():
+    a = testing.make_inputs("kda", T=40, dtype=torch.float64, gate="per_head", initial_state=True)
+    per_dim = a["g"][..., None].expand(*a["g"].shape, a["q"].shape[-1])
+    for fn in (naive.kda, chunk.kda):
+        o1, S1 = fn(**a, output_final_state=True)
+        o2, S2 = fn(**{**a, "g": per_dim.contiguous()}, output_final_state=True)
+        assert testing.rel_err(o1, o2) < 1e-12 and testing.rel_err(S1, S2) < 1e-12
+        o3, _ = fn(**{**a, "g": torch.zeros_like(a["g"])})
+        o4, _ = naive.delta_rule(**{n: x for n, x in a.items() if n != "g"})
+        assert testing.rel_err(o3, o4) < 1e-12
+
+
+def test_decay_comes_before_the_residual():
+    """One token, state S₀: the residual reads the *decayed* state, v − k (D S₀)."""
+    a = testing.to_float64(testing.make_inputs("kda", B=1, T=1, H=1, K=4, V=3, initial_state=True))
+    D = a["g"][0, 0, 0].exp()[:, None]                                # [K, 1]
+    k, v, beta, S0 = a["k"][0, 0, 0], a["v"][0, 0, 0], a["beta"][0, 0, 0], a["initial_state"][0, 0]
+    want = D * S0 + beta * k[:, None] * (v - k @ (D * S0))[None, :]
+    for fn in (naive.kda, chunk.kda):
+        _, S = fn(**a, output_final_state=True)
+        assert testing.rel_err(S[0, 0], want) < 1e-13
+
+
+def test_strong_decays_stay_finite_in_long_chunks():
+    a = testing.make_inputs("kda", B=1, T=200, H=2, K=32, V=16, strength="strong", seed=5)
+    a["g"] = torch.full_like(a["g"], -20.0)                            # −1280 summed over a chunk
+    o, S = chunk.kda(**a, output_final_state=True, chunk_size=64)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    o_ref, S_ref = naive.kda(**testing.to_float64(a), output_final_state=True)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+
+
+def test_final_state_only_when_asked():
+    a = testing.make_inputs("kda", T=10)
+    assert chunk.kda(**a)[1] is None and naive.kda(**a)[1] is None
+    b = testing.make_inputs("delta_rule", T=10)
+    assert chunk.delta_rule(**b)[1] is None and naive.delta_rule(**b)[1] is None
+
+
+@pytest.mark.parametrize("C", [1, 2, 5, 16])
+def test_unit_lower_inverse(C):
+    gen = torch.Generator().manual_seed(C)
+    A = torch.randn(3, C, C, generator=gen, dtype=torch.float64).tril(-1) / C
+    X = unit_lower_inverse(A)
+    eye = torch.eye(C, dtype=torch.float64).expand(3, C, C)
+    want = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+    assert testing.rel_err(X, want) < 1e-13
+    assert torch.equal(X.triu(1), torch.zeros_like(X))                 # unit lower-triangular
+
+
+@pytest.mark.parametrize("fn", [naive.delta_rule, chunk.delta_rule, naive.kda, chunk.kda],
+                         ids=["naive.delta_rule", "chunk.delta_rule", "naive.kda", "chunk.kda"])
+def test_bad_inputs_name_the_argument(fn):
+    op = "kda" if "kda" in fn.__qualname__ or fn in (naive.kda, chunk.kda) else "delta_rule"
+    a = testing.make_inputs(op, T=12)
+    with pytest.raises(InputError, match="beta"):
+        fn(**{**a, "beta": a["beta"] + 2.5})
+    with pytest.raises(InputError, match="beta"):
+        fn(**{**a, "beta": a["beta"][..., :1]})
+    with pytest.raises(InputError, match=r"^k: .*L2-normalised"):
+        fn(**{**a, "k": 3 * a["k"]})
+    if op == "kda":
+        with pytest.raises(InputError, match="g"):
+            fn(**{**a, "g": -a["g"] + 0.1})
+    if fn in (chunk.delta_rule, chunk.kda):
+        with pytest.raises(InputError, match="chunk_size"):
+            fn(**a, chunk_size=0)
+
+
+def test_key_check_allows_short_keys_and_can_be_switched_off():
+    a = testing.make_inputs("delta_rule", T=12, dtype=torch.float64)
+    chunk.delta_rule(**{**a, "k": 0.5 * a["k"]})                       # ‖k‖ < 1: a contraction, fine
+    b = {**a, "k": F.normalize(torch.randn_like(a["k"]), dim=-1) * 1.5}
+    with pytest.raises(InputError, match="^k: "):
+        naive.delta_rule(**b)
+    with validate.value_checks(False):                                 # explicit opt-out
+        o_n, _ = naive.delta_rule(**b)
+        o_c, _ = chunk.delta_rule(**b, chunk_size=4)
+    assert testing.rel_err(o_c, o_n) < 1e-10                           # still the same math
+
+
+def test_beta_above_one_gives_a_negative_eigenvalue():
+    k = F.normalize(torch.randn(8, dtype=torch.float64), dim=0)[None]  # [1, K]
+    for beta, lowest in [(0.5, 0.5), (1.5, -0.5), (2.0, -1.0)]:
+        ev = torch.linalg.eigvalsh(torch.eye(8, dtype=torch.float64) - beta * k.T @ k)
+        assert abs(ev.min().item() - lowest) < 1e-12 and abs(ev.max().item() - 1) < 1e-12
