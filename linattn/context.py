@@ -147,7 +147,7 @@ SIZES = dict(B=1, T=203, H=2, K=16, V=24)
 
 def problem(op, seed, sizes=SIZES, dtype=torch.float32):
     """The positional tensors and the initial state of one self-check problem (CPU)."""
-    a = testing.make_inputs(op, **sizes, dtype=dtype, gate="per_dim", strength="strong",
+    a = testing.make_inputs(op, **sizes, dtype=dtype, gate="per_dim", strength="normal",
                             initial_state=True, seed=seed)
     return tuple(a[n] for n in ARG_NAMES[op]), a["initial_state"]
 
