@@ -31,3 +31,149 @@ def timeit(fn, *, warmup: int = 2, rep: int = 7) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+# ---- Comparisons shared by tools/bench.py and chapters 09–10 -----------------------------------
+# The anchor setting (ANCHORS.md): H=16 heads, K=V=128, B·T = 32768 tokens, bf16, forward only,
+# gates logsigmoid(randn)/16. Every implementation of one row gets the same input tensors.
+
+import json  # noqa: E402
+import platform  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+# op → (linattn function name, extra library kwargs, FLA function in fla.ops)
+OPS = {
+    "linear_attn": ("linear_attn", {}, "chunk_linear_attn"),
+    "gla": ("gla", {}, "chunk_gla"),                              # per-dimension gate [B,T,H,K]
+    "simple_gla": ("gla", {}, "chunk_simple_gla"),                # per-head gate [B,T,H]
+    "delta_rule": ("delta_rule", {}, "chunk_delta_rule"),
+    "kda": ("kda", {}, "chunk_kda"),                              # per-dimension gate
+    "gated_delta_rule": ("kda", {}, "chunk_gated_delta_rule"),    # per-head gate
+}
+GATED = {"gla": "dim", "simple_gla": "head", "kda": "dim", "gated_delta_rule": "head"}
+DELTA = ("delta_rule", "kda", "gated_delta_rule")
+
+
+def median_ms(fn, *, slow_ms: float = 20.0) -> float:
+    """Median milliseconds: triton.testing.do_bench (L2 flushed between runs) on a GPU, else timeit.
+
+    A function slower than `slow_ms` (a Python loop over chunks, say) is timed over 3 runs with CUDA
+    events instead: do_bench's own estimate would cost more device time than the measurement.
+    """
+    if not torch.cuda.is_available():
+        return timeit(fn, warmup=1, rep=3)
+    fn()  # compile and warm up
+    if timeit(fn, warmup=0, rep=1) > slow_ms:
+        return timeit(fn, warmup=0, rep=3)
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+def anchor_inputs(op: str, T: int, *, tokens=32768, H=16, K=128, V=128, dtype=torch.bfloat16,
+                  device="cuda", seed=0) -> dict:
+    """Keyword arguments for the library op behind `op` at the anchor setting (B = tokens // T)."""
+    B = max(1, tokens // T)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+
+    args = {"q": rnd(B, T, H, K).to(dtype), "k": rnd(B, T, H, K), "v": rnd(B, T, H, V).to(dtype)}
+    if op in DELTA:  # delta-rule keys are L2-normalised, β ∈ (0, 1)
+        args["k"] = F.normalize(args["k"], dim=-1)
+        args["beta"] = torch.rand(B, T, H, generator=gen, device=device).to(dtype)
+    args["k"] = args["k"].to(dtype)
+    if op in GATED:
+        shape = (B, T, H, K) if GATED[op] == "dim" else (B, T, H)
+        args["g"] = F.logsigmoid(rnd(*shape)) / 16
+    return args
+
+
+def library_call(op: str, level: str, args: dict, **kw):
+    """A no-argument callable running linattn.<level>.<op> on `args` (value checks off)."""
+    from .dispatch import level_fn
+    from .validate import value_checks
+
+    fn = level_fn(OPS[op][0], level)
+
+    def call():
+        with value_checks(False):
+            return fn(**args, **kw)
+    return call
+
+
+def fla_call(op: str, args: dict):
+    """A callable running FLA's chunk kernel for `op` on `args`, or None when fla is not importable."""
+    try:
+        import fla.ops as ops
+    except ImportError:
+        return None
+    fn = getattr(ops, OPS[op][2], None)
+    if fn is None:
+        return None
+    kw = {"normalize": False} if op == "linear_attn" else {}
+    return lambda: fn(**args, **kw)
+
+
+def fla_version():
+    try:
+        from importlib.metadata import version
+
+        return version("fla-core")
+    except Exception:  # not installed
+        return None
+
+
+def sdpa_call(T: int, *, tokens=32768, H=16, D=128, dtype=torch.bfloat16, device="cuda"):
+    """Causal softmax attention (FlashAttention through SDPA) at the same size, [B, H, T, D] layout."""
+    B = max(1, tokens // T)
+    q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype) for _ in range(3))
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def environment() -> dict:
+    """Device, date and versions: stored with every recorded result."""
+    import triton
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
+    return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
+            "python": platform.python_version()}
+
+
+def save_json(path, results: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def load_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def markdown_table(columns, rows) -> str:
+    """rows: list of lists; floats printed with 3 significant digits, None as '—'."""
+    def cell(x):
+        if x is None:
+            return "—"
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_times(ax, Ts, series: dict, *, title="", ylabel="ms"):
+    """One line per implementation, time vs sequence length (log-log)."""
+    for name, ys in series.items():
+        pts = [(t, y) for t, y in zip(Ts, ys) if y is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T (B·T fixed)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)

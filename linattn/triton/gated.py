@@ -38,6 +38,9 @@ from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, interpreting, num_sms
 
 MODES = ("auto", "fused", "states")
+# The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
+# so chapter 09 can show the compiler's resource report without recompiling.
+last_launch: dict = {}
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
@@ -279,21 +282,35 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     warps = 4
     if mode == "fused":
-        _fused_kernel[(triton.cdiv(V, BV), B * H)](
+        last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
             q, k, v, b, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
             d.scale, c=c, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
             num_warps=warps, **common)
         return o, sT
-    # states: the state before every chunk, in the dtype the output kernel multiplies it in
-    h_dtype = torch.float32 if IEEE else q.dtype
-    h = torch.empty((B, H, NT, K, V), dtype=h_dtype, device=q.device)   # every entry written
-    SK, SV = min(block(K), 64), min(block(V), 64)
-    _states_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
-        k, v, b, h, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
-        BK=SK, BV=SV, HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=warps, **common)
-    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    h, _ = chunk_states(k, v, b, gate, d, s0=s0, sT=sT, chunk_size=C)
+    last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, v, b, h, o, T, H, K, V, NT, d.scale, c=c, BK=BK, BV=BV, num_warps=warps, **common)
     return o, sT
+
+
+def chunk_states(k, v, b, gate, d, *, s0=None, sT=None, chunk_size=64):
+    """The state before every chunk, h [B, H, NT, K, V], from contiguous k, v and cumulated gates b.
+
+    Stored in the dtype the output kernel multiplies it in (the input's natively, float32 under
+    the interpreter or for float32 inputs). Also the inter-chunk half of the work, timed alone in
+    chapter 10. Fills sT [B, H, K, V] with the final state when given.
+    """
+    B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
+    NT = triton.cdiv(T, C)
+    COMPUTE = compute_dtype(k.dtype)
+    IEEE = COMPUTE == tl.float32
+    h = torch.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
+    SK, SV = min(block(K), 64), min(block(V), 64)                     # every entry written below
+    last_launch["states"] = _states_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
+        k, v, b, h, s0 if s0 is not None else k, sT if sT is not None else k, T, H, K, V, NT,
+        C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, HAS_S0=s0 is not None,
+        STORE_ST=sT is not None, num_warps=4)
+    return h, sT
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,

@@ -1,0 +1,211 @@
+"""Forward timings of every op × level against SDPA and FLA, at the anchor setting (ANCHORS.md).
+
+    python tools/bench.py [--suite anchors|chunks|resources|all] [--T 1024 2048 ...] [--out DIR]
+
+anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward,
+           gates logsigmoid(randn)/16; FLA 0.6.0 (when importable) and SDPA causal in the same
+           run on the same inputs; median of triton.testing.do_bench; ratios to FLA.
+chunks:    GLA (per-dim gate) with materialised states as the chunk size C grows 16 … 256:
+           the inter-chunk state pass alone vs the rest (intra-chunk tiles + q·S) — the shape of the
+           GLA paper's Figure 2 (right).
+resources: registers, spills and shared memory of each compiled kernel (natively only).
+Writes DIR/bench.json (results + device, date, versions), DIR/bench.md (tables), DIR/bench.png.
+Value checks are off while timing; each Triton result is compared once with the chunk level.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from linattn import bench, testing  # noqa: E402
+from linattn.validate import value_checks  # noqa: E402
+
+TS = [1024, 2048, 4096, 8192, 16384, 32768]
+NAIVE_MAX_T = 1024  # the token loop makes T sequential steps; beyond this it only measures launches
+NAIVE_SKIP = "naive: timed at T ≤ 1024 only (a Python loop over T tokens)"
+
+
+def triton_ops():
+    """Ops the Triton level has in this tree (delta.py may not exist yet)."""
+    import linattn.triton as lt
+
+    return [op for op, (fn, _, _) in bench.OPS.items() if hasattr(lt, fn)]
+
+
+def levels_for(op):
+    modes = ["triton", "triton:fused", "triton:states"] if op in ("linear_attn", "gla", "simple_gla") else ["triton"]
+    return modes + ["chunk", "naive"]
+
+
+def call_for(op, level, args):
+    if level.startswith("triton"):
+        kw = {"mode": level.split(":")[1]} if ":" in level else {}
+        return bench.library_call(op, "triton", args, **kw)
+    return bench.library_call(op, level, args)
+
+
+def check(op, args, fn):
+    """Relative error of a Triton output against the chunk level (float32 compute) on the same inputs."""
+    o = fn()[0]
+    ref = bench.library_call(op, "chunk", {n: a.float() for n, a in args.items()})()[0]
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return testing.rel_err(o, ref)
+
+
+def suite_anchors(Ts, log, size):
+    rows, ops = [], triton_ops()
+    missing = [op for op in bench.OPS if op not in ops]
+    for T in Ts:
+        sd = bench.median_ms(bench.sdpa_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
+                                             device=size["device"]))
+        for op in ops:
+            args = bench.anchor_inputs(op, T, **size)
+            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd}
+            fla = bench.fla_call(op, args)
+            row["fla"] = bench.median_ms(fla) if fla else None
+            for level in levels_for(op):
+                if level == "naive" and T > NAIVE_MAX_T:
+                    row[level] = None
+                    continue
+                fn = call_for(op, level, args)
+                if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
+                    row[f"rel_err_{level}"] = check(op, args, fn)
+                row[level] = bench.median_ms(fn)
+            row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] else None
+            rows.append(row)
+            log(f"T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()
+                                              if isinstance(v, float)))
+            del args
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    notes = [NAIVE_SKIP] + [f"{op}: linattn.triton has no {bench.OPS[op][0]} in this tree" for op in missing]
+    return {"rows": rows, "notes": notes}
+
+
+def suite_chunks(T, chunk_sizes, log, size):
+    """GLA states mode as C varies: inter = local cumsum + state pass, intra = the output kernel."""
+    from linattn.triton import gated
+    from linattn.validate import check_inputs
+
+    args = bench.anchor_inputs("gla", T, **size)
+    q, k, v, g = args["q"], args["k"], args["v"], args["g"]
+    d = check_inputs(q, k, v, g=g, gate=True)
+    rows = []
+    for C in chunk_sizes:
+        c = min(16, C)
+        total = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
+                                                   sub_chunk_size=c, mode="states"))
+        fused = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
+                                                   sub_chunk_size=c, mode="fused"))
+        inter = bench.median_ms(lambda: gated.chunk_states(k, v, gated.local_cumsum(g, C), gated.DIM_GATE,
+                                                           d, chunk_size=C))
+        rows.append({"C": C, "c": c, "total": total, "inter": inter, "intra": total - inter, "fused": fused})
+        log(f"chunks T={T} C={C}: total={total:.3g} inter={inter:.3g} intra={total - inter:.3g} fused={fused:.3g}")
+    return {"T": T, "B": q.shape[0], "rows": rows}
+
+
+def suite_resources(log, size):
+    """Registers / spills / shared memory of each kernel at the anchor shape (native compile only)."""
+    from linattn.triton import gated
+
+    out = []
+    for op in ("linear_attn", "simple_gla", "gla"):
+        args = bench.anchor_inputs(op, min(4096, size["tokens"]), **size)
+        for mode in ("fused", "states"):
+            gated.last_launch.clear()
+            bench.library_call(op, "triton", args, mode=mode)()
+            for name, kern in gated.last_launch.items():
+                meta = getattr(kern, "metadata", None)
+                out.append({"op": op, "mode": mode, "kernel": name, "n_regs": getattr(kern, "n_regs", None),
+                            "n_spills": getattr(kern, "n_spills", None),
+                            "shared_bytes": getattr(meta, "shared", None),
+                            "num_warps": getattr(meta, "num_warps", None)})
+                log(f"resources {op} {mode} {name}: {out[-1]}")
+    return out
+
+
+def markdown(res) -> str:
+    size = res["size"]
+    parts = [f"Device: {res['env']['device']} · {res['env']['date']} · torch {res['env']['torch']} · "
+             f"triton {res['env']['triton']} · fla {res['env']['fla']}"]
+    if "anchors" in res:
+        rows = res["anchors"]["rows"]
+        cols = ["op", "T", "B", "triton", "triton:fused", "triton:states", "chunk", "naive", "fla", "ratio_fla",
+                "sdpa"]
+        parts.append(f"Forward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} tokens:\n\n" +
+                     bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
+        errs = [f"{r['op']} T={r['T']} {k[8:]}: {v:.2e}" for r in rows for k, v in r.items() if k.startswith("rel_err")]
+        parts.append("\n".join(f"- {n}" for n in res["anchors"]["notes"]) +
+                     "\n- relative error vs the chunk level (float32) on the same bf16 inputs: " + "; ".join(errs))
+    if "chunks" in res:
+        ch = res["chunks"]
+        cols = ["C", "c", "inter", "intra", "total", "fused"]
+        parts.append(f"GLA by chunk size (states mode, T={ch['T']}, B={ch['B']}), ms:\n\n" +
+                     bench.markdown_table(cols, [[r[c] for c in cols] for r in ch["rows"]]))
+    if res.get("resources"):
+        cols = ["op", "mode", "kernel", "n_regs", "n_spills", "shared_bytes", "num_warps"]
+        parts.append("Compiled kernels:\n\n" + bench.markdown_table(cols, [[r[c] for c in cols]
+                                                                         for r in res["resources"]]))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["anchors"]["rows"]
+    ops = sorted({r["op"] for r in rows}, key=list(bench.OPS).index)
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 3.2), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        mine = [r for r in rows if r["op"] == op]
+        Ts = [r["T"] for r in mine]
+        bench.plot_times(ax, Ts, {k: [r.get(k) for r in mine] for k in ("triton", "fla", "sdpa")}, title=op)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suite", default="all", choices=["anchors", "chunks", "resources", "all"])
+    p.add_argument("--T", type=int, nargs="*", default=TS)
+    p.add_argument("--chunk-T", type=int, default=8192)
+    p.add_argument("--out", default="_build/bench")
+    p.add_argument("--tokens", type=int, default=32768, help="B·T (smaller only to try the script on a CPU)")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128, help="K = V")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
+              "(the chapters show recorded GPU results from book/data/)")
+    size = dict(tokens=a.tokens, H=a.heads, K=a.dim, V=a.dim, device="cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    res = {"env": bench.environment(), "size": {n: x for n, x in size.items() if n != "device"}}
+    with value_checks(False):
+        if a.suite in ("anchors", "all"):
+            res["anchors"] = suite_anchors(a.T, log, size)
+            bench.save_json(out / "bench.json", res)
+            plot(res, out / "bench.png")
+        if a.suite in ("chunks", "all"):
+            res["chunks"] = suite_chunks(a.chunk_T, [C for C in (16, 32, 64, 128, 256) if C <= a.chunk_T], log, size)
+            bench.save_json(out / "bench.json", res)
+        if a.suite in ("resources", "all"):
+            res["resources"] = suite_resources(log, size)
+    bench.save_json(out / "bench.json", res)
+    (out / "bench.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
