@@ -72,7 +72,7 @@ def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
     """
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     mm = _matmul_dtype(inter_dtype, q.dtype)
-    q, k = q.to(acc), k.to(acc)
+    q, k, g = q.to(acc), k.to(acc), g.to(acc)                          # gates in float64 for references
     if g.dim() == q.dim() - 1:
         # Scalar gates: exp(b_i − b_j) does not depend on κ, so it leaves the sum: (Q Kᵀ) ⊙ D.
         return _mm(q, k.transpose(-1, -2), mm) * decay.decay_mask(g).to(acc)

@@ -41,5 +41,5 @@ def op_cases(op: str, seed: int, *, chunk_size=None, extra=None, shapes=_SHAPES)
         if op in ("gla", "kda"):
             note += f", {gate} gates ({strength})"
         note += ", initial state" if init else ""
-        cases.append(Case(kwargs=kw, note=note))
+        cases.append(Case(kwargs=kw, note=note, dtype=dtype))  # q's dtype, not g's (float32)
     return cases
