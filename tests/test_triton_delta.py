@@ -113,3 +113,12 @@ def test_bad_keys_and_dtypes():
     big = testing.make_inputs("delta_rule", B=1, T=4, H=1, K=512, V=16, device=DEV)
     with pytest.raises(InputError, match="q"):
         tri.delta_rule(**big)
+
+
+def test_narrow_value_blocks(monkeypatch):
+    # several V-blocks per head in the state pass and the output stage (16 wide, V = 40)
+    monkeypatch.setitem(tri.TUNING, "bv_state", 16)
+    monkeypatch.setitem(tri.TUNING, "bv_out", 16)
+    (o, S), (o_ref, S_ref) = run("kda", "per_dim", 1, 50, 2, 16, 40, 32, torch.float32)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+    assert testing.rel_err(S, S_ref) <= testing.tolerance(torch.float32)

@@ -29,10 +29,26 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 MAX_HEAD_DIM = 256
+# Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
+# Narrow V-blocks in the state pass give a long sequence with few heads more programs.
+TUNING = dict(bv_state=None, bv_out=64, warps_wy=4, warps_state=4, warps_out=4, stages_state=2)
+
+
+def state_block(V, BH):
+    """V-block of the state pass: the widest of 64, 32, 16 that still gives every SM a program.
+
+    B·H·⌈V/BV⌉ programs walk the chunks in order; with one sequence of 16 heads, 64-wide blocks
+    leave most of an H200's 132 SMs idle (docs/perf_notes.md)."""
+    if TUNING["bv_state"]:
+        return min(block(V), TUNING["bv_state"])
+    for bv in (64, 32):
+        if BH * triton.cdiv(V, min(block(V), bv)) >= num_sms():
+            return min(block(V), bv)
+    return 16
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -72,7 +88,9 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
     cdt = compute_dtype(q.dtype)
     ieee = cdt == tl.float32
     work = torch.float32 if ieee else q.dtype  # what the tensor cores read between stages
-    BK, BV = block(K), min(block(V), 64)
+    cfg = TUNING
+    BK = block(K)
+    BV = min(block(V), 64)  # the V tile of stage 1's loop
 
     # stage 1: the WY factors of every chunk
     gc = outputs.empty(g.shape, dtype=f32, device=dev) if gate else q  # q: a dummy pointer
@@ -82,22 +100,26 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
     _wy_kernel[(NT, B * H)](
         q, k, v, g if gate else q, beta, gc, w, u, aqk, d.scale, T,
         H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
-        LOG_NB=(C // SUB).bit_length() - 1, num_warps=4 if C <= 64 else 8)
+        LOG_NB=(C // SUB).bit_length() - 1, num_warps=cfg["warps_wy"])
 
     # stage 2: the affine pass over chunks
     hs = outputs.empty((B, H, NT, K, V), dtype=work, device=dev)
     vnew = outputs.empty((B, T, H, V), dtype=work, device=dev)
     ht = outputs.empty((B, H, K, V), dtype=f32, device=dev) if output_final_state else hs
+    BV = state_block(V, B * H)
     _state_kernel[(triton.cdiv(V, BV), B * H)](
         k, gc, w, u, h0 if h0 is not None else hs, hs, vnew, ht, T, NT,
         H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
-        HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=4)
+        HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=cfg["warps_state"],
+        num_stages=cfg["stages_state"])
 
     # stage 3: the outputs, every chunk at once
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
+    BV = min(block(V), cfg["bv_out"])
     _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, gc, hs, aqk, vnew, o, d.scale, T, NT,
-        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee, num_warps=4)
+        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
+        num_warps=cfg["warps_out"])
     return o, (ht if output_final_state else None)
 
 
@@ -110,56 +132,55 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _block_diag(D3, NB: tl.constexpr, C: tl.constexpr):
-    """[NB, 16, 16] diagonal blocks → the [C, C] block-diagonal matrix (zeros elsewhere)."""
-    nb = tl.arange(0, NB)
-    same = nb[:, None, None, None] == nb[None, None, :, None]             # [NB, 1, NB, 1]
-    return tl.reshape(tl.where(same, D3[:, :, None, :], 0.0), (C, C))
+def _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """Per-dimension decayed scores of one chunk, without β and scale:
+    A_ij = Σ_d k_id k_jd e^{G_id − G_jd} (i > j) and Aqk_ij = Σ_d q_id k_jd e^{G_id − G_jd} (i ≥ j).
 
-
-@triton.jit
-def _diag_blocks(A, NB: tl.constexpr, C: tl.constexpr):
-    """[C, C] → its [NB, 16, 16] diagonal blocks."""
-    nb = tl.arange(0, NB)
-    same = nb[:, None, None, None] == nb[None, None, :, None]
-    A4 = tl.reshape(A, (NB, 16, NB, 16))
-    return tl.sum(tl.where(same, A4, 0.0), axis=2)
-
-
-@triton.jit
-def _decayed_gram(X, Y, G, STRICT: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                  DT: tl.constexpr, IEEE: tl.constexpr):
-    """M_ij = Σ_d X_id Y_jd e^{G_id − G_jd} for i > j (STRICT) or i ≥ j, else 0.   X, Y, G [C, BK].
-
-    Blocks below the diagonal: one dot per sub-chunk s, split at b = 16 s − 1 (last token before
-    s): rows i in s carry e^{G_i − G_b}, rows j ≤ b carry e^{G_b − G_j}; both exponents are ≤ 0.
-    Diagonal 16×16 blocks: the exponent G_i − G_j itself, in float32, one column j at a time.
+    Blocks below the diagonal: one dot per sub-chunk s, split at b = 16 s − 1 (the last token
+    before s): rows i in s carry e^{G_i − G_b}, rows j ≤ b carry e^{G_b − G_j}; both exponents
+    are ≤ 0. Diagonal 16×16 blocks: the exponent G_i − G_j itself, in float32, one column j at a
+    time (column j's key and gate row are re-read from memory, where G was just stored).
     """
     NB: tl.constexpr = C // 16
     rows = tl.arange(0, C)
-    M = tl.zeros((C, C), dtype=tl.float32)
+    A = tl.zeros((C, C), dtype=tl.float32)
+    Aqk = tl.zeros((C, C), dtype=tl.float32)
     for s in tl.static_range(1, NB):
-        gb = tl.sum(tl.where(rows[:, None] == s * 16 - 1, G, 0.0), axis=0)           # [BK]
-        xs = tl.where((rows[:, None] // 16) == s, X * tl.exp(tl.minimum(G - gb[None, :], 0.0)), 0.0)
-        ys = tl.where(rows[:, None] < s * 16, Y * tl.exp(tl.minimum(gb[None, :] - G, 0.0)), 0.0)
-        M += _mm(xs, tl.trans(ys), DT, IEEE)                                       # [C, C]
+        gb = tl.sum(tl.where(rows[:, None] == s * 16 - 1, G, 0.0), axis=0)           # [BK] G_b
+        insub = (rows[:, None] // 16) == s
+        down = tl.exp(tl.minimum(G - gb[None, :], 0.0))                            # e^{G_i − G_b}
+        up = tl.where(rows[:, None] < s * 16, kt * tl.exp(tl.minimum(gb[None, :] - G, 0.0)), 0.0)
+        A += _mm(tl.where(insub, kt * down, 0.0), tl.trans(up), DT, IEEE)          # [C, C]
+        Aqk += _mm(tl.where(insub, qt * down, 0.0), tl.trans(up), DT, IEEE)
     r = tl.arange(0, 16)
-    X3 = tl.reshape(X, (NB, 16, BK))
-    Y3 = tl.reshape(Y, (NB, 16, BK))
-    G3 = tl.reshape(G, (NB, 16, BK))
-    D3 = tl.zeros((NB, 16, 16), dtype=tl.float32)
-    for j in range(16):
-        pick = r[None, :, None] == j
-        yj = tl.sum(tl.where(pick, Y3, 0.0), axis=1)                              # [NB, BK]
-        gj = tl.sum(tl.where(pick, G3, 0.0), axis=1)                              # [NB, BK]
-        # min(·, 0): entries above the diagonal (masked below) must not overflow on the way
-        col = tl.sum(X3 * yj[:, None, :] * tl.exp(tl.minimum(G3 - gj[:, None, :], 0.0)), axis=2)
-        D3 = tl.where(r[None, None, :] == j, col[:, :, None], D3)                 # [NB, 16, 16]
-    if STRICT:
-        D3 = tl.where(r[None, :, None] > r[None, None, :], D3, 0.0)
-    else:
-        D3 = tl.where(r[None, :, None] >= r[None, None, :], D3, 0.0)
-    return M + _block_diag(D3, NB, C)
+    dk = tl.arange(0, BK)
+    for s in tl.static_range(NB):
+        ts = n * C + s * 16 + r
+        rs = (b * T + ts).to(tl.int64) * H + h
+        ms = (ts < T)[:, None] & (dk[None, :] < K)
+        Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
+        Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
+        Gs = tl.load(gc + rs[:, None] * K + dk[None, :], mask=ms, other=0.0)
+        Da = tl.zeros((16, 16), dtype=tl.float32)
+        Dq = tl.zeros((16, 16), dtype=tl.float32)
+        for jj in range(16):
+            tj = n * C + s * 16 + jj
+            rj = (b * T + tj).to(tl.int64) * H + h
+            mj = (dk < K) & (tj < T)
+            kj = tl.load(k + rj * K + dk, mask=mj, other=0.0).to(tl.float32)       # [BK]
+            gj = tl.load(gc + rj * K + dk, mask=mj, other=0.0)
+            # min(·, 0): entries above the diagonal (masked below) must not overflow on the way
+            wj = kj[None, :] * tl.exp(tl.minimum(Gs - gj[None, :], 0.0))            # [16, BK]
+            Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)
+            Dq = tl.where(r[None, :] == jj, tl.sum(Qs * wj, axis=1)[:, None], Dq)
+        Da = tl.where(r[:, None] > r[None, :], Da, 0.0)
+        Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0)
+        # place the block at rows/columns 16 s … 16 s + 15: P Dₛ Pᵀ with a 0/1 matrix P, exact in IEEE
+        P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
+        A += dot(P, dot(Da, tl.trans(P), True), True)
+        Aqk += dot(P, dot(Dq, tl.trans(P), True), True)
+    return A, Aqk
 
 
 @triton.jit
@@ -167,24 +188,25 @@ def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.const
     """(I + A)⁻¹ for strictly lower-triangular A [C, C] (float32).
 
     Split I + A = D + N, D its 16×16 diagonal blocks (unit lower), N the blocks below. D⁻¹ comes
-    from forward substitution; then (I + A)⁻¹ = (I + X)⁻¹ D⁻¹ with X = D⁻¹ N strictly
-    block-lower, so X^NB = 0 and (I + X)⁻¹ = (I − X)(I + X²)(I + X⁴)… — log₂ NB dots deep.
+    from forward substitution, block by block; then (I + A)⁻¹ = (I + X)⁻¹ D⁻¹ with X = D⁻¹ N
+    strictly block-lower, so X^NB = 0 and (I + X)⁻¹ = (I − X)(I + X²)(I + X⁴)…: log₂ NB dots deep.
     """
     NB: tl.constexpr = C // 16
+    rows = tl.arange(0, C)
     r = tl.arange(0, 16)
-    # forward substitution inside each diagonal block: row i of R = D⁻¹ − I is
-    # R_i = −A_i − Σ_m A_im R_m, so rows above i are final when row i is formed
-    R = -_diag_blocks(A, NB, C)                                                   # [NB, 16, 16]
-    for i in tl.static_range(1, 16):
-        pick = r[None, :, None] == i
-        a = tl.sum(tl.where(pick, R, 0.0), axis=1)                                # [NB, 16]
-        a = a + tl.sum(a[:, :, None] * R, axis=1)
-        R = tl.where(pick, a[:, None, :], R)
-    R = tl.where(r[None, :, None] == r[None, None, :], 1.0, R)
-    Dinv = _block_diag(R, NB, C)                                                  # [C, C]
+    Dinv = tl.zeros((C, C), dtype=tl.float32)
+    for s in tl.static_range(NB):
+        P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
+        R = -dot(tl.trans(P), dot(A, P, True), True)                              # [16, 16] −Aₛ
+        # row i of R = Dₛ⁻¹ − I is R_i = −A_i − Σ_m A_im R_m: rows above i are final already
+        for i in tl.static_range(1, 16):
+            a = tl.sum(tl.where(r[:, None] == i, R, 0.0), axis=0)                 # [16] row i
+            a = a + tl.sum(a[:, None] * R, axis=0)
+            R = tl.where(r[:, None] == i, a[None, :], R)
+        R = tl.where(r[:, None] == r[None, :], 1.0, R)
+        Dinv += dot(P, dot(R, tl.trans(P), True), True)
     if NB == 1:
         return Dinv
-    rows = tl.arange(0, C)
     N = tl.where((rows[:, None] // 16) > (rows[None, :] // 16), A, 0.0)
     X = dot(Dinv, N, IEEE)
     P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0) - X                   # I − X
@@ -215,8 +237,8 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl
         G = tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
                       axis=0)
         tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
-        A = _decayed_gram(kt, kt, G, True, C, BK, DT, IEEE)
-        Aqk = _decayed_gram(qt, kt, G, False, C, BK, DT, IEEE)
+        tl.debug_barrier()  # G is read back below by other threads of this program
+        A, Aqk = _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
         kb = kt * tl.exp(G)
     else:
         A = _mm(kt, tl.trans(kt), DT, IEEE)                                       # [C, C]
