@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunk.delta import factors, from_chunks
+from . import decay
+from .chunk.delta import factors, from_chunks, wy_factors
 from .naive.delta import check_keys
 from .naive.linear import initial
 from .validate import InputError, check_chunk, check_inputs
@@ -73,6 +74,15 @@ def chunk_maps(op, *args, scale=None, chunk_size=64):
         M = M - Kt @ f.W
         P = P - f.Aqk @ f.W
     return ChunkMaps(M, Kt @ f.U, d.scale * P, d.scale * (f.Aqk @ f.U), d.T), d
+
+
+def kda_chunk_map(k, v, g, beta):
+    """(M, B) of one KDA chunk (any leading dims): k [.., C, K], v [.., C, V], g [.., C, K] raw
+    log-gates, beta [.., C]. M = diag(e^{G_C}) − Kdecᵀ W [.., K, K], B = Kdecᵀ U [.., K, V]."""
+    U, W = wy_factors(k, v, g, beta)
+    Kt = (k * decay.key_decay(g)).transpose(-1, -2)                    # [.., K, C]
+    M = torch.diag_embed(decay.total_decay(g).expand(k.shape[:-2] + k.shape[-1:])) - Kt @ W
+    return M, Kt @ U
 
 
 # ---------------------------------------------------------------- the algebra of maps

@@ -133,15 +133,23 @@ def factors(q, k, v, g, beta, d, C, *, delta):
     Qg = q * decay.query_decay(gc)                                     # e^{G_i}, ≤ 1
     Kdec = k * decay.key_decay(gc)                                     # e^{G_C − G_i}, summed from the end
     last = decay.total_decay(gc)[..., None].expand(d.B, d.H, gc.shape[2], d.K, 1)  # [B, H, N, K, 1]
-    Aqk = decayed_scores(q, k, gc, strict=False)                        # [B, H, N, C, C]
+    Aqk = decayed_scores(q, k, gc, strict=False)                       # [B, H, N, C, C]
     if not delta:
         return Factors(Qg, Kdec, last, Aqk, v_, None)
-    b = to_chunks(beta.to(d.acc)[..., None], C)                        # [B, H, N, C, 1]
-    A = b * decayed_scores(k, k, gc, strict=True)                       # β_i on row i
-    Tinv = unit_lower_inverse(A)                                       # [B, H, N, C, C]
-    U = Tinv @ (b * v_)                                                # [B, H, N, C, V]
-    W = Tinv @ (b * k * decay.query_decay(gc))                                       # [B, H, N, C, K]
+    U, W = wy_factors(k, v_, gc, to_chunks(beta.to(d.acc)[..., None], C)[..., 0])
     return Factors(Qg, Kdec, last, Aqk, U, W)
+
+
+def wy_factors(k, v, g, beta):
+    """U, W of one chunk (any leading dims): Ṽ = U − W S for every state S entering the chunk.
+
+    k [.., C, K]; v [.., C, V]; g [.., C, K or 1] the chunk's raw log-gates; beta [.., C].
+    (I + A) Ṽ = diag(β)(V − (K ⊙ e^G) S) with A_ij = β_i (k_i ⊙ e^{G_i − G_j}) · k_j for i > j.
+    """
+    b = beta[..., None]                                                # [.., C, 1]: β_i on row i
+    A = b * decayed_scores(k, k, g, strict=True)                       # [.., C, C]
+    Tinv = unit_lower_inverse(A)
+    return Tinv @ (b * v), Tinv @ (b * k * decay.query_decay(g))      # [.., C, V], [.., C, K]
 
 
 def state_pass(f: Factors, d, S, output_final_state, out_dtype):
