@@ -1,0 +1,231 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# On Colab, install the book's library first (does nothing elsewhere).
+import subprocess, sys
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+
+# %% [markdown]
+# # 00 — How to use this book
+#
+# This book walks from plain linear attention to the chunked algorithms behind GLA and KDA, and
+# ends with Triton kernels. Every step is code you can run, check, and then write yourself in a
+# graded workbook. This chapter shows where things are, how to run them on a CPU or a GPU, and
+# how grading and progress work — by doing each once.
+#
+# ## What is where
+#
+# | path | what it holds |
+# |---|---|
+# | `book/NN_topic.py` | the chapters, in reading order. They are [jupytext](https://jupytext.readthedocs.io) "py:percent" files: plain Python that Jupyter opens as a notebook |
+# | `linattn/` | the library the chapters build and use, in three **levels** with identical signatures |
+# | `linattn/naive/` | level 1: token-by-token recurrences and quadratic forms; run in float64 it is the ground truth |
+# | `linattn/chunk/` | level 2: chunkwise PyTorch — the algorithms, written with matrix products |
+# | `linattn/triton/` | level 3: Triton kernels — native on a GPU, through Triton's interpreter on a CPU |
+# | `linattn/grade/` | the grader: exercises, their random test cases, progress |
+# | `exercises/NN_topic.py` | the workbooks: one per chapter with exercises, stubs for you to fill in |
+# | `tests/` | the test suite (pytest): library, graders, and every chapter and workbook |
+#
+# Two commands from the README do everything, including creating a virtual environment in
+# `.venv` with the pinned requirements:
+#
+# ```bash
+# make book    # execute every chapter; the executed notebooks land in _build/book/
+# make test    # the test suite: library, graders, and all chapters/workbooks run as tests
+# ```
+#
+# To read and edit interactively, `make lab` opens the book in JupyterLab (right-click a `.py`
+# chapter → *Open With → Notebook*). On **Colab**, open a chapter's notebook and run the first
+# cell: it installs the library with `pip` when — and only when — it runs on Colab.
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+import linattn
+from linattn import naive, testing
+from linattn.device import pick
+
+print(linattn.device.describe())
+
+# %% [markdown]
+# ## CPU or GPU
+#
+# The book runs everywhere; only the sizes change. `linattn.device` decides once:
+#
+# * **Triton mode.** Without CUDA, Triton kernels run in its *interpreter* (NumPy on the CPU:
+#   slow, but exact and debuggable); with CUDA they compile natively. Triton fixes this choice
+#   when a kernel is first defined, so `import linattn` makes it *before* any kernel module is
+#   imported. `linattn.device.triton_mode()` says which.
+# * **Sizes.** Chapters never test for a GPU themselves; they ask `pick(cpu=..., gpu=...)` for a
+#   size. On a CPU you get small problems that run in seconds, on a GPU realistic ones. The
+#   environment variable `LINATTN_SIZE=small|full` overrides the choice, e.g. to run full sizes
+#   on a big CPU machine, or small ones on a GPU for a quick pass.
+
+# %%
+print("triton runs as:", linattn.device.triton_mode())
+print("size mode:", linattn.device.size_mode(), "(LINATTN_SIZE =", repr(os.environ.get("LINATTN_SIZE")), ")")
+T = pick(cpu=256, gpu=8192)
+print("a chapter asking pick(cpu=256, gpu=8192) gets T =", T)
+
+# %% [markdown]
+# ## Three levels, one signature
+#
+# Every operation — `linear_attn`, `gla`, `delta_rule`, `kda` — exists at each level with the same
+# arguments, `q, k: [B, T, H, K]`, `v: [B, T, H, V]`, and returns `(o, final_state)`. So each level
+# can be checked against the previous one, and the chapters do exactly that: the error metric is
+# the relative error $\lVert a-b\rVert/\lVert b\rVert$ against the float64 naive level, with a
+# tolerance per input dtype.
+
+# %%
+x = testing.make_inputs("linear_attn", B=1, T=100, H=2, K=16, V=16)   # float32 inputs
+truth, _ = naive.linear_attn(**testing.to_float64(x))
+for level in ("naive", "chunk", "triton"):
+    o, _ = linattn.linear_attn(**x, impl=level)
+    err = testing.rel_err(o, truth)
+    print(f"{linattn.which('linear_attn'):<40} relative error {err:.1e}")
+    assert err < testing.tolerance(torch.float32)
+print("tolerances:", {str(d).replace("torch.", ""): t for d, t in testing.TOLERANCE.items()})
+
+# %% [markdown]
+# Called without `impl=`, the top-level functions pick the Triton level for CUDA tensors and the
+# chunkwise level on the CPU. `linattn.which(op)` always says what ran, and chapters print it
+# whenever they go through this dispatcher.
+
+# %%
+linattn.linear_attn(**x)
+print("impl='auto' ran:", linattn.which("linear_attn"))
+
+# %% [markdown]
+# ## Workbooks and grading
+#
+# Each workbook (`exercises/NN_topic.py`) has, per exercise: a description with the math and the
+# shapes, a stub function that raises `NotImplementedError("write me")`, and a check cell:
+#
+# ```python
+# check("ch01.recurrent", recurrent_linear_attn);
+# ```
+#
+# `check` calls your function on fresh random inputs every time (several shapes, lengths that
+# change, an initial state, low-precision inputs, …), compares with the float64 ground truth, and
+# prints a verdict. It never crashes the notebook: an exception, a wrong shape or dtype, a NaN or
+# a too-large error all become a message that says which case, where, and a hint. Outputs that
+# your function never writes are filled with NaN in the grader, so they cannot pass by luck.
+#
+# So that this demonstration does not touch *your* progress, it uses a temporary progress
+# directory (more on `LINATTN_HOME` below).
+
+# %%
+from linattn.grade import check, dashboard, exercises, progress_text
+
+reader_home = os.environ.get("LINATTN_HOME")
+os.environ["LINATTN_HOME"] = demo_home = tempfile.mkdtemp(prefix="linattn-demo-")
+print("exercises in the book:", ", ".join(exercises()))
+
+# %% [markdown]
+# A deliberately wrong answer first: linear attention that forgets the scale $K^{-1/2}$.
+
+# %%
+def forgot_the_scale(q, k, v, *, scale=None, initial_state=None, output_final_state=False):
+    return naive.linear_attn(q, k, v, scale=1.0, initial_state=initial_state,
+                                     output_final_state=output_final_state)
+
+
+verdict = check("ch01.recurrent", forgot_the_scale)
+assert not verdict.passed
+
+# %% [markdown]
+# And the library's reference, which passes (the seed changes every time; the verdict names it
+# so that a failure can be reproduced with `check(..., seed=...)`):
+
+# %%
+verdict = check("ch01.recurrent", naive.linear_attn, record=False)
+assert verdict.passed
+
+# %% [markdown]
+# From a shell, `python -m linattn.grade exercises/01_linear_attention.py` runs a whole workbook
+# and prints a score table — here on the untouched workbook, so every exercise fails with
+# "not written yet":
+
+# %%
+root = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "exercises").is_dir()), None)
+if root is None:
+    print("no exercises/ folder next to this notebook (e.g. on Colab): clone the repository to get the workbooks")
+else:
+    run = subprocess.run([sys.executable, "-m", "linattn.grade", "exercises/01_linear_attention.py"],
+                         cwd=root, capture_output=True, text=True)
+    table = run.stdout[run.stdout.index("exercises/01"):]
+    print(table)
+    assert run.returncode == 1 and "score: 0/" in table
+
+# %% [markdown]
+# ## Progress and unlocking
+#
+# A passed exercise is recorded under `$LINATTN_HOME` (default `~/.linattn`): a small
+# `progress.json`, and the source of the function that passed (with the helpers it calls). Set
+# `LINATTN_HOME` to keep separate progress, e.g. per course. `progress_text()` prints the table;
+# in Jupyter `dashboard()` shows the same as a widget with a refresh button.
+#
+# Passing is useful, not just a tick: an exercise that implements a whole operation *unlocks* it,
+# and `linattn.set_impl(op, "mine")` then routes the library through your passed code for the
+# rest of the book — every later chapter that calls `linattn.linear_attn` runs *your* function,
+# and `linattn.which` says so. (`"auto"` switches back.)
+#
+# To show it without spoiling workbook 01, our "solution" here borrows the library's parallel
+# form; yours will be your own recurrence.
+
+# %%
+def my_recurrent(q, k, v, *, scale=None, initial_state=None, output_final_state=False):
+    return naive.linear_attn_parallel(q, k, v, scale=scale, initial_state=initial_state,
+                                              output_final_state=output_final_state)
+
+
+assert check("ch01.recurrent", my_recurrent).passed      # recorded in the demo LINATTN_HOME
+print(progress_text())
+
+# %%
+linattn.set_impl("linear_attn", "mine")
+o_mine, _ = linattn.linear_attn(**x)
+print("ran:", linattn.which("linear_attn"))
+assert linattn.which("linear_attn").startswith("your ch01.recurrent")
+assert testing.rel_err(o_mine, truth) < testing.tolerance(torch.float32)
+
+linattn.set_impl("linear_attn", "auto")                  # back to the library's own
+linattn.linear_attn(**x)
+print("ran:", linattn.which("linear_attn"))
+
+# %%
+dashboard()
+
+# %% [markdown]
+# Finally we put your own progress directory back (the demo one is left in the temp folder).
+
+# %%
+if reader_home is None:
+    del os.environ["LINATTN_HOME"]
+else:
+    os.environ["LINATTN_HOME"] = reader_home
+print("progress is kept in", linattn.grade.progress.home())
+
+# %% [markdown]
+# ## How to read
+#
+# Each chapter states its goal, develops the math, builds the idea in a few lines of code,
+# checks it against the previous level with an `assert`, and shows figures where a picture says
+# more than a table; "what breaks if…" sections break things on purpose. Read a chapter, run it,
+# change the sizes, then open its workbook. Chapter 01 starts from softmax attention.
