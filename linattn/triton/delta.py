@@ -22,6 +22,8 @@ blocks (forward substitution) and dots that combine them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -73,54 +75,91 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
 
 # ---------------------------------------------------------------- host side
 
-def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
+@dataclass(frozen=True)
+class Plan:
+    """What every launch of one call shares: sizes, gate kind, dtypes, tile widths."""
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    C: int
+    NT: int          # chunks per sequence, the last one possibly partial
+    gate: int        # 0 DeltaNet, 1 one log-decay per head (Gated DeltaNet), 2 per key dim (KDA)
+    scale: float
+    cdt: object      # tile dtype for tl.dot (tl.float32 under the interpreter)
+    ieee: bool       # float32 tiles: exact IEEE products, not tf32
+    work: torch.dtype  # dtype of the tensors handed from stage to stage
+    BK: int
+    device: torch.device
+
+
+def plan(q, g, d, C) -> Plan:
     check_kernel_inputs(q)
     for name, n in (("q", d.K), ("v", d.V)):
         if n > MAX_HEAD_DIM:
             raise InputError(f"{name} has head dimension {n}; linattn.triton.delta supports up to "
                              f"{MAX_HEAD_DIM} (one tile holds a whole key row and the state block)")
-    q, k, v, g, beta = contiguous(q, k, v, g, beta)
-    h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
-    B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
-    NT = triton.cdiv(T, C)
-    dev, f32 = q.device, torch.float32
-    gate = 0 if g is None else (1 if g.dim() == 3 else 2)
     cdt = compute_dtype(q.dtype)
     ieee = cdt == tl.float32
-    work = torch.float32 if ieee else q.dtype  # what the tensor cores read between stages
-    cfg = TUNING
-    BK = block(K)
-    BV = min(block(V), 64)  # the V tile of stage 1's loop
+    return Plan(d.B, d.T, d.H, d.K, d.V, C, triton.cdiv(d.T, C),
+                0 if g is None else (1 if g.dim() == 3 else 2), d.scale, cdt, ieee,
+                torch.float32 if ieee else q.dtype, block(d.K), q.device)
 
-    # stage 1: the WY factors of every chunk
-    gc = outputs.empty(g.shape, dtype=f32, device=dev) if gate else q  # q: a dummy pointer
-    w = outputs.empty((B, T, H, K), dtype=work, device=dev)
-    u = outputs.empty((B, T, H, V), dtype=work, device=dev)
-    aqk = outputs.empty((B, T, H, C), dtype=work, device=dev)
-    _wy_kernel[(NT, B * H)](
-        q, k, v, g if gate else q, beta, gc, w, u, aqk, d.scale, T,
-        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
-        LOG_NB=(C // SUB).bit_length() - 1, num_warps=cfg["warps_wy"])
 
-    # stage 2: the affine pass over chunks
-    hs = outputs.empty((B, H, NT, K, V), dtype=work, device=dev)
-    vnew = outputs.empty((B, T, H, V), dtype=work, device=dev)
-    ht = outputs.empty((B, H, K, V), dtype=f32, device=dev) if output_final_state else hs
+def wy_stage(q, k, v, g, beta, p: Plan) -> dict:
+    """Stage 1, one program per (chunk, head): G, W, U and the scaled causal scores Aqk.
+
+    Returns gc [B,T,H(,K)] (log-decays summed from each chunk start; None without gates),
+    w [B,T,H,K], u [B,T,H,V], aqk [B,T,H,C] (row t holds its chunk's row of scale·Aqk)."""
+    B, T, H, K, V, C = p.B, p.T, p.H, p.K, p.V, p.C
+    gc = outputs.empty(g.shape, dtype=torch.float32, device=p.device) if p.gate else None
+    w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
+    u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
+    aqk = outputs.empty((B, T, H, C), dtype=p.work, device=p.device)
+    _wy_kernel[(p.NT, B * H)](
+        q, k, v, g if p.gate else q, beta, gc if p.gate else q, w, u, aqk, p.scale, T,
+        H=H, K=K, V=V, C=C, BK=p.BK, BV=min(block(V), 64), GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        LOG_NB=(C // SUB).bit_length() - 1, num_warps=TUNING["warps_wy"])
+    return dict(gc=gc, w=w, u=u, aqk=aqk)
+
+
+def state_stage(k, wy: dict, h0, p: Plan, output_final_state: bool):
+    """Stage 2, one program per (V-block, head) walking the chunks in order: Ṽ = U − W S,
+    S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ. Returns (states [B,H,NT,K,V] entering each chunk,
+    Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None)."""
+    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
+    hs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
+    vnew = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
+    ht = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
     BV = state_block(V, B * H)
     _state_kernel[(triton.cdiv(V, BV), B * H)](
-        k, gc, w, u, h0 if h0 is not None else hs, hs, vnew, ht, T, NT,
-        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
-        HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=cfg["warps_state"],
-        num_stages=cfg["stages_state"])
+        k, wy["gc"] if p.gate else k, wy["w"], wy["u"], hs if h0 is None else h0, hs, vnew,
+        hs if ht is None else ht, T, p.NT,
+        H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
+        num_stages=TUNING["stages_state"])
+    return hs, vnew, ht
 
-    # stage 3: the outputs, every chunk at once
-    o = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
-    BV = min(block(V), cfg["bv_out"])
-    _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, gc, hs, aqk, vnew, o, d.scale, T, NT,
-        H=H, K=K, V=V, C=C, BK=BK, BV=BV, GATE=gate, DT=cdt, IEEE=ieee,
-        num_warps=cfg["warps_out"])
-    return o, (ht if output_final_state else None)
+
+def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype):
+    """Stage 3, one program per (V-block, chunk, head): O = scale (Q ⊙ e^G) S + Aqk Ṽ."""
+    o = outputs.empty((p.B, p.T, p.H, p.V), dtype=out_dtype, device=p.device)
+    BV = min(block(p.V), TUNING["bv_out"])
+    _output_kernel[(triton.cdiv(p.V, BV), p.NT, p.B * p.H)](
+        q, wy["gc"] if p.gate else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
+        H=p.H, K=p.K, V=p.V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        num_warps=TUNING["warps_out"])
+    return o
+
+
+def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
+    p = plan(q, g, d, C)
+    q, k, v, g, beta = contiguous(q, k, v, g, beta)
+    h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    wy = wy_stage(q, k, v, g, beta, p)
+    hs, vnew, ht = state_stage(k, wy, h0, p, output_final_state)
+    return output_stage(q, wy, hs, vnew, p, v.dtype), ht
 
 
 # ---------------------------------------------------------------- device helpers
