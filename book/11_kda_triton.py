@@ -1,0 +1,370 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# On Colab, install the book's library first (does nothing elsewhere).
+import subprocess, sys
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+
+# %% [markdown]
+# # 11 — KDA in Triton
+#
+# **Goal.** The chunkwise delta rule of the earlier chapters is a recipe of five formulas: decayed
+# key–key scores, a triangular inverse, the WY factors $W, U$, a pass over chunk states, and the
+# outputs. Here we turn that recipe into three Triton kernels that run on tensor cores:
+#
+# 1. **WY/UT** — every chunk at once: scores, $(I+A)^{-1}$, $W$, $U$;
+# 2. **the affine state pass** — chunk after chunk: $\tilde V = U - WS$, $S \leftarrow e^{G_C} S + \tilde K^\top \tilde V$;
+# 3. **the output** — every chunk at once: $O = \text{scale}\,(Q\odot e^{G})S + A_{qk}\tilde V$.
+#
+# We look at how each stage maps to programs and `tl.dot`, why no exponential in them can
+# overflow even with log-gates of $-20$ per token, check each stage against `linattn.chunk`,
+# then the whole kernel against the float64 recurrence `linattn.naive.kda` — for KDA, and for
+# its two special cases, Gated DeltaNet and DeltaNet. Last, its measured speed against
+# flash-linear-attention (FLA) on an H200.
+#
+# On a CPU the kernels run in the Triton interpreter (slowly, so sizes here are small); on a GPU
+# the same cells compile them natively.
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+import linattn
+from linattn import chunk, naive, testing
+from linattn.chunk import delta as cdelta
+from linattn.device import pick
+from linattn.triton import delta as tdelta
+from linattn.validate import check_inputs
+
+print(linattn.device.describe())
+DEV = linattn.device.default_device()
+
+# %% [markdown]
+# ## 1. The recipe, and who computes what
+#
+# Recall the chunk form (chapter 08, `linattn/chunk/delta.py`). A chunk of $C$ tokens enters with
+# state $S\in\mathbb R^{K\times V}$; $G_i = g_1+\dots+g_i$ sums the log-decays from the chunk
+# start (a vector per token for KDA, a number for Gated DeltaNet, $0$ for DeltaNet). Then
+#
+# $$A_{ij} = \beta_i \sum_d k_{id}k_{jd}\,e^{G_{id}-G_{jd}}\ (i>j),\qquad
+#   \mathcal T = (I+A)^{-1},\qquad U = \mathcal T\,\mathrm{diag}(\beta)V,\qquad
+#   W = \mathcal T\,\mathrm{diag}(\beta)(K\odot e^{G}),$$
+#
+# $$\tilde V = U - W S,\qquad
+#   O = \text{scale}\,(Q\odot e^{G})\,S + A_{qk}\tilde V,\qquad
+#   S' = e^{G_C}\odot S + (K\odot e^{G_C-G})^\top \tilde V,$$
+#
+# with $(A_{qk})_{ij} = \text{scale}\sum_d q_{id}k_{jd}e^{G_{id}-G_{jd}}$ for $j\le i$. Only the middle
+# line involves $S$. So the work splits into three kernels:
+#
+# | stage | program grid | what one program holds | the dots |
+# |---|---|---|---|
+# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$ |
+# | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
+# | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
+#
+# Stages 1 and 3 have a program for every chunk of every head: thousands of programs, all
+# independent. Stage 2 is the only sequential part, and its state never leaves the chip between
+# chunks; it writes each chunk's entering state and $\tilde V$ for stage 3. The library exposes
+# the three stages one by one (`plan`, `wy_stage`, `state_stage`, `output_stage`), and we use that
+# to check each on its own.
+
+# %%
+B, T, H, K, V, C = 1, pick(cpu=80, gpu=1000), 2, 32, 48, pick(cpu=32, gpu=64)
+args = testing.make_inputs("kda", B=B, T=T, H=H, K=K, V=V, gate="per_dim", device=DEV,
+                           initial_state=True, seed=11)
+q, k, v, g, beta, S0 = (args[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+d = check_inputs(q, k, v, g=g, beta=beta, gate=True, delta=True)
+p = tdelta.plan(q, g, d, C)
+print(f"T={T}, chunk C={C}: {p.NT} chunks × {B * H} heads = {p.NT * B * H} stage-1 programs")
+
+# %% [markdown]
+# ## 2. Stage 1: scores with exponents that stay ≤ 0
+#
+# The tempting way to build $A$ with one matmul is the factorised form
+# $(K\odot e^{G})(K\odot e^{-G})^\top$. Over a chunk of 64 tokens with log-gates near $-20$, $G$
+# reaches $-1280$: $e^{-G}$ is $+\infty$ in float32 (whose exponent range ends near $\pm 88$), and
+# $e^{G}$ is $0$, so their product is NaN. See it happen:
+
+# %%
+Gs = torch.cumsum(testing.log_gates((64, 16), "strong"), 0)          # [C, K], one chunk
+ks = torch.nn.functional.normalize(torch.randn(64, 16), dim=-1)
+factorised = (ks * Gs.exp()) @ (ks * (-Gs).exp()).T
+exact = torch.einsum("id,jd,ijd->ij", ks.double(), ks.double(),
+                     (Gs[:, None] - Gs[None]).double().clamp(max=0).exp())
+print("min G over the chunk:", Gs.min().item())
+print("factorised form: NaN entries", factorised.isnan().sum().item(), "of", factorised.numel())
+print("exact scores finite:", bool(exact.isfinite().all()))
+
+# %% [markdown]
+# The kernel never forms $e^{+G}$. It splits the chunk into sub-chunks of 16 tokens and treats the
+# $C\times C$ score matrix in two kinds of blocks:
+#
+# * **below the diagonal blocks** (row $i$ in sub-chunk $s$, column $j$ in an earlier one): split
+#   the decay at the last token $b = 16s-1$ before sub-chunk $s$,
+#   $e^{G_i-G_j} = e^{G_i-G_b}\cdot e^{G_b-G_j}$. Both exponents are $\le 0$ ($i$ after $b$, $j$ up to
+#   $b$), so $(K_s\odot e^{G-G_b})\,(K_{<s}\odot e^{G_b-G})^\top$ is one tensor-core `tl.dot` per
+#   sub-chunk, in bf16 when the inputs are bf16. Factors that underflow to 0 belong to scores that
+#   really are below float32's range.
+# * **the 16×16 diagonal blocks**: there is no boundary between $i$ and $j$ to split at, so the
+#   kernel forms $e^{G_{id}-G_{jd}}$ element by element in float32, one column $j$ at a time (16
+#   steps of $[16, K]$ elementwise work per block), then places the block with two small exact
+#   dots against a 0/1 matrix.
+#
+# For Gated DeltaNet the decay is one number per pair $(i,j)$: the kernel takes $KK^\top$ with a
+# single dot and multiplies by the $C\times C$ matrix $e^{\min(G_i-G_j,0)}$ — no split needed.
+# The picture shows which blocks of $A$ (strict) and $A_{qk}$ (diagonal included) come from where:
+
+# %%
+Cf, sub = 64, 16
+i, j = torch.meshgrid(torch.arange(Cf), torch.arange(Cf), indexing="ij")
+role = torch.zeros(Cf, Cf)
+role[(i // sub > j // sub)] = 1                           # dots split at a sub-chunk boundary
+role[(i // sub == j // sub) & (i >= j)] = 2               # diagonal blocks, element-wise float32
+fig, ax = plt.subplots(figsize=(4.2, 4.2))
+ax.imshow(role, cmap=plt.matplotlib.colors.ListedColormap(["white", "#7fb3d5", "#f0a35e"]))
+for s in range(1, Cf // sub):
+    ax.axhline(s * sub - 0.5, color="k", lw=0.5); ax.axvline(s * sub - 0.5, color="k", lw=0.5)
+ax.set_title("scores of one chunk (C=64)\nblue: tl.dot split at boundary · orange: element-wise")
+ax.set_xlabel("key j"); ax.set_ylabel("row i")
+plt.show()
+
+# %% [markdown]
+# ## 3. Stage 1: the triangular inverse from 16×16 blocks
+#
+# $\mathcal T = (I+A)^{-1}$ with $A$ strictly lower triangular. Forward substitution row by row is
+# $C$ dependent steps — fine for 16 rows, slow for 64. Split $I + A = D + N$: $D$ its 16×16
+# diagonal blocks (each unit lower triangular), $N$ the blocks below them. Then
+#
+# $$(I+A)^{-1} = \big(D(I + X)\big)^{-1} = (I+X)^{-1}D^{-1},\qquad X = D^{-1}N .$$
+#
+# $X$ is strictly *block* lower triangular, so $X^{C/16} = 0$ and the Neumann series stops:
+#
+# $$(I+X)^{-1} = I - X + X^2 - X^3 = (I - X)(I + X^2)\quad (C = 64),$$
+#
+# and for $C=128$ one more factor $(I+X^4)$. Each $D_s^{-1}$ costs 15 small forward-substitution
+# steps; everything else is $C\times C$ dots: $X$, $X^2$, the product, and the final $\cdot D^{-1}$.
+# (The series is applied to $X$, whose blocks are already "normalised" by $D^{-1}$, not to $A$
+# itself: a series in $A$ would need $C$ terms.) In a few lines of PyTorch:
+
+# %%
+def block_inverse(A, sub=16):
+    """(I + A)⁻¹ for strictly lower-triangular A [C, C], from 16×16 diagonal blocks."""
+    Cn = A.shape[-1]
+    I = torch.eye(Cn, dtype=A.dtype)
+    Dinv = torch.zeros_like(A)
+    for s in range(0, Cn, sub):                            # forward substitution per block
+        Dinv[s:s + sub, s:s + sub] = cdelta.unit_lower_inverse(A[s:s + sub, s:s + sub])
+    blk = torch.arange(Cn) // sub
+    N = torch.where(blk[:, None] > blk[None, :], A, 0)     # blocks below the diagonal
+    X = Dinv @ N
+    P, Xp = I - X, X
+    for _ in range(1, (Cn // sub).bit_length() - 1):       # (I − X)(I + X²)(I + X⁴)…
+        Xp = Xp @ Xp
+        P = P + P @ Xp
+    return P @ Dinv
+
+
+kb = torch.nn.functional.normalize(torch.randn(64, 32, dtype=torch.float64), dim=-1)
+A64 = (0.9 * kb @ kb.T).tril(-1)
+err = testing.rel_err(block_inverse(A64), torch.linalg.inv(torch.eye(64, dtype=torch.float64) + A64))
+print(f"block inverse vs torch.linalg.inv: {err:.2e}")
+assert err < 1e-12
+
+# %% [markdown]
+# The kernel does exactly this on registers, in float32 (exact IEEE products for float32 inputs,
+# tf32 tensor cores otherwise), then two more dots give $W = \mathcal T(\beta\,K\odot e^{G})$ and
+# $U = \mathcal T(\beta V)$. Run stage 1 alone and compare its factors with the chunk level's
+# (`linattn.chunk.delta.factors`, float64 here):
+
+# %%
+wy = tdelta.wy_stage(*(x.contiguous() for x in (q, k, v, g, beta)), p)
+f = cdelta.factors(*testing.to_float64(dict(q=q, k=k, v=v, g=g, beta=beta)).values(),
+                   check_inputs(q.double(), k.double(), v.double(), g=g, beta=beta, gate=True,
+                                delta=True), C, delta=True)
+for name, ours, ref in [("W", wy["w"], cdelta.from_chunks(f.W, T)),
+                        ("U", wy["u"], cdelta.from_chunks(f.U, T)),
+                        ("Aqk", wy["aqk"] / d.scale, cdelta.from_chunks(f.Aqk, T))]:
+    e = testing.rel_err(ours, ref)
+    print(f"stage 1 {name:3s}: rel err {e:.1e}")
+    assert e < testing.tolerance(torch.float32)
+
+# %% [markdown]
+# ## 4. Stage 2: the affine pass over chunks
+#
+# With the factors in hand, a chunk acts on its entering state by an *affine map*
+# (chapter 10): $S' = M S + B$ with $M = \mathrm{diag}(e^{G_C}) - \tilde K^\top W$ and
+# $B = \tilde K^\top U$, $\tilde K = K\odot e^{G_C-G}$. The kernel never forms the $K\times K$
+# matrix $M$; it applies it through $\tilde V$:
+#
+# $$\tilde V = U - W S \quad(\texttt{tl.dot}: [C,K]\times[K,B_V]),\qquad
+#   S \leftarrow e^{G_C}\odot S + \tilde K^\top \tilde V \quad(\texttt{tl.dot}: [K,C]\times[C,B_V]).$$
+#
+# Columns of $S$ (value dimensions) never mix, so one program owns a block of $B_V$ columns of
+# one head's state and walks all chunks in order; the grid is (V-blocks, heads). That is the
+# parallelism problem of this stage: a single sequence of 16 heads with $V=128$ gives only
+# 16·128/$B_V$ programs for an H200's 132 SMs, each walking 512 chunks at $T=32$k. The library
+# picks the widest $B_V$ of 64, 32, 16 that still gives every SM a program:
+
+# %%
+for Bn, Tn in [(32, 1024), (8, 4096), (2, 16384), (1, 32768)]:
+    for bv in (64, 32, 16):
+        if Bn * 16 * (128 // bv) >= 132 or bv == 16:
+            break
+    print(f"B={Bn:2d} T={Tn:5d}: B·H={Bn * 16:4d} heads → B_V={bv:2d}, {Bn * 16 * 128 // bv:4d} "
+          f"state-pass programs, {Tn // 64} chunks each")
+
+# %% [markdown]
+# Stage 2 stores each chunk's entering state and $\tilde V$. Check both against the same walk
+# written with the chunk level's float64 factors:
+
+# %%
+hs, vnew, ht = tdelta.state_stage(k.contiguous(), wy, S0.float().contiguous(), p, True)
+S = S0.double()
+ref_states, ref_vt = [], []
+for n in range(p.NT):
+    ref_states.append(S)
+    Vt = f.U[:, :, n] - f.W[:, :, n] @ S                   # [B, H, C, V]
+    ref_vt.append(Vt)
+    S = f.last[:, :, n] * S + f.Kdec[:, :, n].transpose(-1, -2) @ Vt
+e_states = testing.rel_err(hs, torch.stack(ref_states, 2))
+e_vt = testing.rel_err(vnew, cdelta.from_chunks(torch.stack(ref_vt, 2), T))
+e_final = testing.rel_err(ht, S)
+print(f"stage 2: entering states {e_states:.1e}, Ṽ {e_vt:.1e}, final state {e_final:.1e}")
+assert max(e_states, e_vt, e_final) < testing.tolerance(torch.float32)
+
+# %% [markdown]
+# ## 5. Stage 3: the outputs, and the whole kernel against the recurrence
+#
+# Every (V-block, chunk, head) is independent now: two dots,
+# $\text{scale}\,(Q\odot e^{G})\,S_{[n]}$ with the stored entering state and $A_{qk}\tilde V$ with the
+# stored scores. Run it, then compare with the float64 token-by-token recurrence — the ground
+# truth of the whole book:
+
+# %%
+o = tdelta.output_stage(q.contiguous(), wy, hs, vnew, p, v.dtype)
+o_ref, S_ref = naive.kda(**testing.to_float64(args), output_final_state=True)
+print(f"KDA, 3 stages vs naive float64: output {testing.rel_err(o, o_ref):.1e}, "
+      f"final state {testing.rel_err(ht, S_ref):.1e}")
+assert testing.rel_err(o, o_ref) < testing.tolerance(torch.float32)
+assert testing.rel_err(ht, S_ref) < testing.tolerance(torch.float32)
+
+# %% [markdown]
+# ## 6. Gated DeltaNet and DeltaNet are special cases
+#
+# A gate of shape $[B,T,H]$ (one log-decay per head) is Gated DeltaNet: the kernel takes the
+# scalar path, where every decay is a $C\times C$ factor on a plain $KK^\top$ dot. No gate at all
+# is DeltaNet (`delta_rule`): every decay factor is 1. Through the dispatcher, with strong gates
+# where the factorised form above broke down:
+
+# %%
+for name, kw in [("KDA", dict(gate="per_dim")), ("Gated DeltaNet", dict(gate="per_head"))]:
+    a = testing.make_inputs("kda", B=1, T=T, H=H, K=K, V=V, strength="strong", device=DEV, seed=5, **kw)
+    out, _ = linattn.kda(**a, impl="triton", chunk_size=C)
+    ref, _ = naive.kda(**testing.to_float64(a))
+    print(f"{name:15s} (log-gates to −20): {testing.rel_err(out, ref):.1e}  ran {linattn.which('kda')}")
+    assert testing.rel_err(out, ref) < testing.tolerance(torch.float32)
+a = testing.make_inputs("delta_rule", B=1, T=T, H=H, K=K, V=V, device=DEV, seed=6)
+out, _ = linattn.delta_rule(**a, impl="triton", chunk_size=C)
+ref, _ = naive.delta_rule(**testing.to_float64(a))
+print(f"{'DeltaNet':15s}: {testing.rel_err(out, ref):.1e}  ran {linattn.which('delta_rule')}")
+assert testing.rel_err(out, ref) < testing.tolerance(torch.float32)
+
+# %% [markdown]
+# ## 7. Precision
+#
+# With bf16 or fp16 inputs the big dots ($KK^\top$ blocks, $W$ and $U$, $WS$, $\tilde K^\top\tilde V$,
+# $QS$, $A_{qk}\tilde V$) read half-precision tiles and accumulate in float32; the gates, the
+# diagonal blocks and the inverse stay float32. The tolerance each dtype must meet against the
+# float64 reference is the book's usual one. (Under the interpreter every tile is upcast after
+# its load, so on a CPU the half-precision rows measure input and output rounding only; on a GPU
+# they include the tensor cores' rounding.)
+
+# %%
+for dt in (torch.float32, torch.bfloat16, torch.float16):
+    a = testing.make_inputs("kda", B=1, T=T, H=1, K=K, V=V, dtype=dt, device=DEV, seed=7)
+    out, _ = linattn.kda(**a, impl="triton", chunk_size=C)
+    e = testing.rel_err(out, naive.kda(**testing.to_float64(a))[0])
+    print(f"{str(dt):15s} rel err {e:.1e}  (tolerance {testing.tolerance(dt):.0e})")
+    assert e <= testing.tolerance(dt)
+
+# %% [markdown]
+# ## 8. Speed against flash-linear-attention
+#
+# The anchor setting (`ANCHORS.md`): H200, bf16, 16 heads, $K=V=128$, $B\cdot T = 32768$ tokens,
+# forward only, gates $\log\sigma(x)/16$; FLA 0.6.0 in the same run on the same inputs. On a CPU
+# this section shows the recorded run in `book/data/11_kda_triton.json`; on a GPU it also times
+# our kernels live at one length (and FLA, if it is installed).
+
+# %%
+rec = json.loads((Path("data") / "11_kda_triton.json").read_text()
+                 if Path("data/11_kda_triton.json").exists()
+                 else (Path("book/data") / "11_kda_triton.json").read_text())
+print("recorded:", rec["env"]["device"], "·", rec["env"]["date"], "· torch", rec["env"]["torch"],
+      "· triton", rec["env"]["triton"], "· FLA", rec["env"]["fla"])
+rows = rec["base"]
+Ts = [r["T"] for r in rows]
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for op, label, color in [("delta", "DeltaNet", "C0"), ("gdn", "Gated DeltaNet", "C1"), ("kda", "KDA", "C2")]:
+    ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{label}: linattn")
+    ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{label}: FLA 0.6.0")
+ax.set_xscale("log", base=2); ax.set_xlabel("T (B = 32768 / T)"); ax.set_ylabel("forward ms")
+ax.set_title("H200, bf16, H=16, K=V=128 (recorded)"); ax.legend(fontsize=7, ncol=2)
+plt.show()
+print(" T      " + "  ".join(f"{n:>16s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
+for r in rows:
+    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms" for o in ("delta", "gdn", "kda")))
+
+# %%
+if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
+    from linattn import bench
+    from linattn.validate import value_checks
+
+    Tl = 4096
+    la = bench.anchor_inputs("kda", Tl)
+    with value_checks(False):
+        ms = bench.median_ms(lambda: linattn.kda(**la, impl="triton"))
+    fla = bench.fla_call("kda", la)
+    fla_ms = bench.median_ms(fla) if fla else float("nan")
+    print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
+
+# %% [markdown]
+# Where the time goes (stage timings from the profiler in the same recorded run):
+
+# %%
+for st in rec.get("stages", []):
+    print(f"{st['op']:4s} T={st['T']:5d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
+
+# %% [markdown]
+# ## Summary
+#
+# * The delta rule's chunk form is three kernels: a fully parallel **WY/UT** stage (scores,
+#   block inverse, $W$, $U$), a sequential **affine state pass** that keeps $S$ on chip and applies
+#   $S' = MS + B$ through $\tilde V = U - WS$, and a fully parallel **output** stage.
+# * No exponential is ever of a positive number: between sub-chunks the decay is split at the
+#   sub-chunk boundary (two factors $\le 1$ around a tensor-core dot), inside the 16×16 diagonal
+#   blocks it is formed element by element in float32. Log-gates of $-20$ per token give no NaN.
+# * $(I+A)^{-1}$ comes from 16×16 forward substitutions and a short product
+#   $(I-X)(I+X^2)\cdots$ of $C\times C$ dots, since $X = D^{-1}N$ is nilpotent.
+# * Gated DeltaNet (one gate per head) and DeltaNet (no gate) are the same kernels with the decay
+#   reduced to a $C\times C$ factor or removed.
+# * The state pass is the only sequential stage; its V-block width is chosen so that long
+#   sequences with few heads still occupy every SM.
+#
+# This chapter has no workbook of its own: the algebra it compiles is exercised in the workbooks
+# of the delta-rule chapters; the kernels' tests are `tests/test_triton_delta.py`.
