@@ -49,9 +49,11 @@ def compose_cases(seed):
 def scan_cases(seed):
     rng = random.Random(seed)
     cases = []
-    for i, (K, V, dtype) in enumerate([(4, 3, torch.float32), (8, 8, torch.float32),
-                                       (6, 10, torch.float64)]):
-        N = rng.choice([1, 2, 5, 8, 11, 16])
+    # one short, one middling, one long scan: N = 1 or 2 tests the edges, N ≥ 5 needs 3+ rounds
+    for i, (K, V, dtype, lengths) in enumerate([(4, 3, torch.float32, (1, 2)),
+                                                (8, 8, torch.float32, (5, 7, 8)),
+                                                (6, 10, torch.float64, (11, 13, 16))]):
+        N = rng.choice(lengths)
         gen = torch.Generator().manual_seed(seed * 11 + i)
         M, B = _maps(gen, (2, 1, N), K, V, dtype)
         cases.append(Case(args=(M, B), note=f"N={N} maps, K={K} V={V} {str(dtype).replace('torch.', '')}"))

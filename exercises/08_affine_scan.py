@@ -1,0 +1,79 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# On Colab, install the book's library first (does nothing elsewhere).
+import subprocess, sys
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+
+# %% [markdown]
+# # Workbook 08 — composing affine maps, and scanning them
+#
+# Companion of `book/08_affine_scan.py`. A chunk (or a whole slice of a sequence) acts on the
+# state entering it as $S' = MS + B$, with $M$ `[..., K, K]` and $B$ `[..., K, V]`. You write the
+# composition of two such maps and the parallel prefix scan that gives every state entering a
+# chunk in $\lceil\log_2 N\rceil$ rounds.
+
+# %%
+import torch
+
+from linattn.grade import check
+
+# %% [markdown]
+# ## Exercise 1 — `ch08.compose`
+#
+# Apply $(M_1, B_1)$ first, then $(M_2, B_2)$:
+#
+# $$M_2 (M_1 S + B_1) + B_2 = \underbrace{M_2 M_1}_{M}\, S + \underbrace{M_2 B_1 + B_2}_{B}.$$
+#
+# Return `(M, B)`. The arguments come in the order `M2, B2, M1, B1` (the later map first, as in
+# $f_2 \circ f_1$); matrix products do not commute, and the grader knows it.
+
+# %% exercise="ch08.compose"
+def compose(M2, B2, M1, B1):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch08.compose", compose);
+
+# %% [markdown]
+# ## Exercise 2 — `ch08.prefix_scan`
+#
+# `M` `[B, H, N, K, K]`, `B` `[B, H, N, K, V]`: $N$ maps along axis 2. Return `(M_pre, B_pre)` of the
+# same shapes where position $n$ holds maps $0, 1, \dots, n$ composed ("0 first, $n$ last"):
+# an **inclusive** scan. Hillis–Steele: for $s = 1, 2, 4, \dots < N$, replace every position
+# $n \ge s$ by (its map) $\circ$ (the map at $n - s$), all positions at once, with one batched
+# `compose` on slices `[:, :, s:]` and `[:, :, :-s]`. After the round with step $s$, position $n$
+# covers maps $\max(0, n - 2s + 1) \dots n$.
+
+# %% exercise="ch08.prefix_scan"
+def prefix_scan(M, B):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch08.prefix_scan", prefix_scan);
+
+# %% [markdown]
+# ## Reader exercise (not graded): RWKV-7
+#
+# RWKV-7's transition is diagonal plus low rank, $A_t = \operatorname{diag}(w_t) - \hat\kappa_t^\top
+# (a_t \odot \hat\kappa_t)$ in our row convention. Write its per-token map $(M_t, B_t)$, feed a
+# sequence of them to your `prefix_scan`, and compare the states with a token loop. Which part of
+# chapter 07's WY derivation changes when the "key" that is removed ($a_t \odot \hat\kappa_t$)
+# differs from the one that is read ($\hat\kappa_t$)?
+
+# %%
+from linattn.grade import progress_text; print(progress_text())
