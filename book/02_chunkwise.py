@@ -38,8 +38,8 @@ import linattn
 from linattn import bench, chunk, naive, testing
 from linattn.device import pick
 
+torch.manual_seed(0)  # the same random inputs at every run
 print(linattn.device.describe())
-torch.manual_seed(0)
 
 # %% [markdown]
 # ## 1. Two kinds of contributions
