@@ -15,6 +15,16 @@ from linattn.grade import catalog, check, reference
 SEEDS = (0, 1, 2)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The graded tensors are tiny: extra threads only add synchronisation, and on a busy CI
+    # machine every synchronisation can stall for a whole time slice (measured: 2.5 s -> 50 s).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def setup(q, k, v, scale, initial_state, bug):
     """Shared start of every implementation: scale, compute dtype, inputs in it, the first state."""
     B, T, H, K = q.shape
