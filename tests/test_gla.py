@@ -174,3 +174,17 @@ def test_decay_shortcut_is_exact_for_scalar_gates():
     args["g"] = args["g"][..., None].expand(-1, -1, -1, 8).contiguous()
     o2, S2 = chunk.gla(**args, output_final_state=True, chunk_size=32, sub_chunk_size=8)
     assert testing.rel_err(o1, o2) <= 1e-6 and testing.rel_err(S1, S2) <= 1e-6
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda q, k, g: (q, k[..., :3], g), "q and k must have one shape"),
+    (lambda q, k, g: (q, k, g[..., :3]), "g must have shape"),
+    (lambda q, k, g: (q, k, g.long()), "g must be a floating-point"),
+    (lambda q, k, g: (q.tolist(), k, g), "q must be a floating-point"),
+])
+def test_intra_chunk_matrix_bad_inputs(change, match):
+    q, k, g = torch.randn(2, 32, 8), torch.randn(2, 32, 8), -torch.rand(2, 32, 8)
+    with pytest.raises(InputError, match=match):
+        intra_chunk_matrix(*change(q, k, g), sub_chunk_size=8)
+    with pytest.raises(InputError, match="sub_chunk_size"):
+        intra_chunk_matrix(q, k, g, sub_chunk_size=5)

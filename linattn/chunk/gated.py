@@ -70,6 +70,7 @@ def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
     lower-precision inputs); no scale is applied. Per-dimension gates use secondary chunking with
     sub-chunks of `sub_chunk_size` tokens, which must divide C.
     """
+    _check_chunk_tensors(q, k, g)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     mm = _matmul_dtype(inter_dtype, q.dtype)
     q, k, g = q.to(acc), k.to(acc), g.to(acc)                          # gates in float64 for references
@@ -94,6 +95,18 @@ def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
             k_abs = k[..., :r, :] * decay.key_decay(g[..., :r, :]).to(acc)  # [..., r, K]
             P[..., r:r + c, :r] = _mm(q_abs[..., i, :, :], k_abs.transpose(-1, -2), mm)
     return P
+
+
+def _check_chunk_tensors(q, k, g):
+    for name, x in (("q", q), ("k", k), ("g", g)):
+        if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+            raise InputError(f"{name} must be a floating-point torch.Tensor, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)}")
+    if q.dim() < 2 or k.shape != q.shape:
+        raise InputError(f"q and k must have one shape [..., C, K], got {tuple(q.shape)} and {tuple(k.shape)}")
+    if tuple(g.shape) not in (tuple(q.shape), tuple(q.shape[:-1])):
+        raise InputError(f"g must have shape [..., C, K] = {tuple(q.shape)} (per dimension) or "
+                         f"[..., C] = {tuple(q.shape[:-1])} (per head), got {tuple(g.shape)}")
 
 
 def _matmul_dtype(inter_dtype, input_dtype):
