@@ -14,8 +14,10 @@ Works for all four operations: pass the library function's positional tensors af
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -175,6 +177,22 @@ def _worker(rank, world, backend, port, ops, sizes, chunk_size, seed, outdir):
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def _children_skip_main_script():
+    """Spawned children re-run the parent's main *script* (by its __file__) before unpickling the
+    worker. The worker lives in this module, so they need none of it — and a chapter run as a
+    plain script would otherwise execute itself again in every child. Hide the path meanwhile."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is not None:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
 def reference(op, args, S0, chunk_size):
     """float64 single-process result: the naive level when it has `op`, else the sequential fold."""
     from . import naive
@@ -192,7 +210,7 @@ def selfcheck(world=2, backend="gloo", ops=OPS, *, sizes=SIZES, chunk_size=16, s
     the float64 single-process result. Returns {op: {"o": rel err, "final_state": rel err, "ref": ...}}."""
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as outdir:
+    with tempfile.TemporaryDirectory() as outdir, _children_skip_main_script():
         mp.spawn(_worker, args=(world, backend, free_port(), tuple(ops), dict(sizes), chunk_size,
                                 seed, outdir), nprocs=world, join=True)
         parts = {op: [torch.load(os.path.join(outdir, f"{op}.{r}.pt")) for r in range(world)]

@@ -1,0 +1,308 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# On Colab, install the book's library first (does nothing elsewhere).
+import subprocess, sys
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+
+# %% [markdown]
+# # 08 — Affine chunks as a scan, and context parallelism
+#
+# **Goal.** Chapter 07 turned a KDA chunk into an affine map of the state entering it,
+# $S' = MS + B$, with outputs $O = PS + O_0$. Here we take that seriously. Every operation of the
+# book — linear attention, Mamba-2-style decay, GLA, DeltaNet, Gated DeltaNet, KDA — has this form
+# per token and per chunk; maps compose associatively (a product of block matrices); so the states
+# entering all chunks can come from a **parallel prefix scan** instead of a sequential loop. The
+# same algebra splits one long sequence across processes (**context parallelism**, each rank
+# sending two small matrices) or across the SMs of one GPU (**SM parallelism**). We build all of
+# it with `linattn.affine` and `linattn.context`, and check every result against the float64
+# recurrences.
+#
+# Sources: `seeds/004` (the blocked-matrix view, associative scans, multi-step updates) and the
+# last part of `seeds/003` (context and SM parallelism).
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+import linattn
+from linattn import affine, chunk, context, naive, testing
+from linattn.device import pick
+
+print(linattn.device.describe())
+torch.manual_seed(0)
+
+# %% [markdown]
+# ## 1. One token, one affine map — translated into our convention
+#
+# `seeds/004` writes states as $V\times K$ matrices updated on the right, $S_i = S_{i-1}A_i + B_i$,
+# and stacks $[S_i\ \ I] = [S_{i-1}\ \ I]\begin{bmatrix}A_i & 0\\ B_i & I\end{bmatrix}$. Our state is
+# its transpose ($K\times V$, transitions on the left), so transpose everything: $M_i = A_i^\top$,
+# $B^{\text{ours}}_i = B_i^\top$, and
+#
+# $$\begin{bmatrix} S_i \\ I_V\end{bmatrix} = \begin{bmatrix} M_i & B_i \\ 0 & I_V\end{bmatrix}
+#   \begin{bmatrix} S_{i-1} \\ I_V\end{bmatrix}, \qquad \text{a } (K+V)\times(K+V) \text{ matrix acting on the left.}$$
+#
+# The per-token maps in our convention ($D_i = \operatorname{diag}(e^{g_i})$, $\alpha_i = e^{g_i}$ scalar):
+#
+# | model | $M_i$ ($K\times K$) | $B_i$ ($K\times V$) |
+# |---|---|---|
+# | linear attention | $I$ | $k_i^\top v_i$ |
+# | Mamba-2 / RetNet (scalar decay) | $\alpha_i I$ | $k_i^\top v_i$ |
+# | GLA (per-dimension decay) | $D_i$ | $k_i^\top v_i$ |
+# | DeltaNet | $I - \beta_i k_i^\top k_i$ | $\beta_i k_i^\top v_i$ |
+# | Gated DeltaNet | $\alpha_i (I - \beta_i k_i^\top k_i)$ | $\beta_i k_i^\top v_i$ |
+# | KDA | $(I - \beta_i k_i^\top k_i)\, D_i$ — decay first (chapter 06) | $\beta_i k_i^\top v_i$ |
+#
+# (For KDA the order matters: in the seed's right-multiplied convention the same matrix reads
+# $D_i(I - \beta_i k_i k_i^\top)$.) Let the product of the block matrices run a whole sequence and
+# compare with the library's recurrences:
+
+# %%
+def token_maps(op, k, v, g=None, beta=None):
+    """Per-token (M_i, B_i) for one head: k [T, K], v [T, V] → [T, K, K], [T, K, V]."""
+    T, K = k.shape
+    eye = torch.eye(K, dtype=k.dtype).expand(T, K, K)
+    D = torch.diag_embed(g.exp().expand(T, K)) if g is not None else eye
+    kk = k[:, :, None] * k[:, None, :]                               # k_iᵀ k_i, [T, K, K]
+    kv = k[:, :, None] * v[:, None, :]                               # k_iᵀ v_i, [T, K, V]
+    if beta is None:
+        return D.clone(), kv
+    b = beta[:, None, None]
+    return (eye - b * kk) @ D, b * kv
+
+
+T, K, V = 40, 8, 5
+ops = {"linear_attn": "qkv", "gla": "qkvg", "delta_rule": "qkvb", "kda": "qkvgb"}
+for op, names in ops.items():
+    a = testing.to_float64(testing.make_inputs(op, B=1, T=T, H=1, K=K, V=V, initial_state=True, seed=1))
+    arg = {n: a[{"q": "q", "k": "k", "v": "v", "g": "g", "b": "beta"}[n]] for n in names}
+    one = {n: x[0, :, 0] for n, x in arg.items()}                    # batch element 0, head 0
+    M_t, B_t = token_maps(op, one["k"], one["v"], one.get("g"), one.get("b"))
+    X = torch.eye(K + V, dtype=torch.float64)
+    for i in range(T):                                               # later tokens multiply on the left
+        X = affine.augmented(M_t[i], B_t[i]) @ X
+    S_blocks = (X @ torch.cat([a["initial_state"][0, 0], torch.eye(V, dtype=torch.float64)]))[:K]
+    _, S_ref = getattr(naive, op)(*arg.values(), initial_state=a["initial_state"], output_final_state=True)
+    err = testing.rel_err(S_blocks, S_ref[0, 0])
+    print(f"{op:12s} product of {T} block matrices vs recurrence: {err:.1e}")
+    assert err < 1e-12
+
+# %% [markdown]
+# Mamba-2 is the per-head case of `gla` (`g` of shape `[B, T, H]`), Gated DeltaNet the per-head
+# case of `kda`; the table's other rows ran above. **RWKV-7** has a diagonal-plus-low-rank
+# transition, $M_i = \operatorname{diag}(w_i) - \hat\kappa_i^\top (a_i\odot\hat\kappa_i)$ in our
+# convention: writing its maps and scanning them is the reader exercise at the end of
+# `exercises/08_affine_scan.py`. So is the observation of `seeds/004` on **multi-step updates**
+# (DeltaProduct): $n_h$ gradient steps per token are $n_h$ maps multiplied together — the
+# composition below, applied inside a token.
+
+# %% [markdown]
+# ## 2. Composition is associative
+#
+# Apply $(M_1, B_1)$, then $(M_2, B_2)$: $M_2(M_1S + B_1) + B_2$, so
+#
+# $$(M_2, B_2)\circ(M_1, B_1) = (M_2M_1,\ M_2B_1 + B_2),$$
+#
+# which is exactly the product of the two block matrices. Matrix products are associative, hence
+# so is $\circ$: $(f_3\circ f_2)\circ f_1 = f_3\circ(f_2\circ f_1)$ — any bracketing of a chain of maps
+# gives the same map. They do **not** commute: the order of the chunks matters.
+
+# %%
+k3 = F.normalize(torch.randn(3, 6, dtype=torch.float64), dim=-1)     # three KDA tokens, K = 6, V = 4
+M_t, B_t = token_maps("kda", k3, torch.randn(3, 4, dtype=torch.float64),
+                      -torch.rand(3, 6, dtype=torch.float64), torch.rand(3, dtype=torch.float64))
+f = [(M_t[i], B_t[i]) for i in range(3)]
+left = affine.compose(f[2], affine.compose(f[1], f[0]))
+right = affine.compose(affine.compose(f[2], f[1]), f[0])
+swapped = affine.compose(f[0], affine.compose(f[1], f[2]))
+print("associative:", max(testing.rel_err(x, y) for x, y in zip(left, right)),
+      "· reversed order differs by", f"{testing.rel_err(swapped[1], left[1]):.2f}")
+assert max(testing.rel_err(x, y) for x, y in zip(left, right)) < 1e-13
+
+# %% [markdown]
+# ## 3. Chunk maps and two ways to get every entering state
+#
+# `affine.chunk_maps(op, *args, chunk_size=C)` computes, for every chunk and all at once, the
+# map $(M_n, B_n)$ and the output map $(P_n, O_{0,n})$ of chapter 07 — for all four operations
+# ($W = 0$ without the delta rule, so $M_n = \operatorname{diag}(e^{G_C})$ and $P_n = Q\odot e^G$).
+# The state entering chunk $n$ is $S_n = (f_{n-1}\circ\dots\circ f_0)(S_0)$:
+#
+# * **fold** — one map after another, $N$ sequential steps (what `chunk.kda` does);
+# * **prefix scan** — Hillis–Steele: in round $r$ every position $n \ge 2^r$ composes its map with
+#   the one $2^r$ places earlier. After $\lceil\log_2 N\rceil$ rounds position $n$ holds
+#   $f_n\circ\dots\circ f_0$; every round is one batched matmul over all positions.
+
+# %%
+a = testing.make_inputs("kda", B=2, T=pick(cpu=333, gpu=8192), H=2, K=16, V=16, initial_state=True, seed=2)
+args = (a["q"], a["k"], a["v"], a["g"], a["beta"])
+maps, d = affine.chunk_maps("kda", *args, chunk_size=16)
+print("maps:", {n: tuple(getattr(maps, n).shape) for n in ("M", "B", "P", "O0")})
+S0 = a["initial_state"]
+entering_fold, final_fold = affine.fold(maps.M, maps.B, S0)
+M_pre, B_pre, rounds = affine.prefix_scan(maps.M, maps.B)
+entering_scan, final_scan = affine.entering_states(M_pre, B_pre, S0)
+N = maps.M.shape[2]
+print(f"N = {N} chunks: scan in {rounds} rounds (⌈log₂ N⌉ = {math.ceil(math.log2(N))}); "
+      f"scan vs fold {testing.rel_err(entering_scan, entering_fold):.1e}")
+o_scan = affine.chunk_outputs(maps, entering_scan)
+o_ref, S_ref = naive.kda(*(x.double() for x in args), initial_state=S0.double(), output_final_state=True)
+print(f"outputs from the scanned states vs float64 recurrence: {testing.rel_err(o_scan, o_ref):.1e}")
+assert rounds == math.ceil(math.log2(N))
+assert testing.rel_err(o_scan, o_ref) <= testing.tolerance(torch.float32)
+assert testing.rel_err(final_scan, S_ref) <= testing.tolerance(torch.float32)
+
+# %% [markdown]
+# `affine.run(op, …, method="scan" | "fold")` packages this for every operation; it agrees with
+# the chunk level of each (chapters 02, 04, 07):
+
+# %%
+for op, lib in [("linear_attn", chunk.linear_attn), ("gla", chunk.gla), ("delta_rule", chunk.delta_rule), ("kda", chunk.kda)]:
+    b = testing.make_inputs(op, B=1, T=pick(cpu=200, gpu=4096), H=2, K=16, V=16, initial_state=True, seed=3)
+    pos = tuple(b[n] for n in context.ARG_NAMES[op])
+    o1, S1 = affine.run(op, *pos, initial_state=b["initial_state"], output_final_state=True, chunk_size=32)
+    o2, S2 = lib(*pos, initial_state=b["initial_state"], output_final_state=True, chunk_size=32)
+    print(f"{op:12s} scan vs chunk level: outputs {testing.rel_err(o1, o2):.1e}, state {testing.rel_err(S1, S2):.1e}")
+    assert testing.rel_err(o1, o2) < 1e-5 and testing.rel_err(S1, S2) < 1e-5
+
+# %% [markdown]
+# ## 4. Work and depth
+#
+# The fold does $N-1$ compositions, one after another: work $N$, depth $N$. Hillis–Steele does
+# $\sum_r (N - 2^r) \approx N\log_2 N - N$ compositions in $\lceil\log_2 N\rceil$ rounds: more work,
+# logarithmic depth. Blelloch's scan (an up-sweep and a down-sweep over a tree) gets work back to
+# about $2N$ at depth $2\log_2 N$. A composition costs a $K\times K$ by $K\times(K+V)$ matmul, which is
+# more than the fold's $K\times K$ by $K\times V$ "apply" and far more than chapter 07's
+# $\tilde V = U - WS$ pass — so on one GPU the sequential chunk loop with a few hundred chunks usually
+# wins, and the scan pays off when the *depth* is what hurts: very long sequences, few heads,
+# or chunks spread over devices. Counting the compositions our `prefix_scan` performs:
+
+# %%
+Ns = [2 ** p for p in range(1, 13)]
+
+
+def hs_work(N):
+    return sum(N - s for s in (2 ** r for r in range(math.ceil(math.log2(N)))))
+
+
+Mi, Bi = torch.eye(2).expand(1, 1, 5, 2, 2), torch.zeros(1, 1, 5, 2, 1)
+assert affine.prefix_scan(Mi, Bi)[2] == 3 and hs_work(5) == 4 + 3 + 1
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+ax1.loglog(Ns, [N - 1 for N in Ns], "o-", label="fold")
+ax1.loglog(Ns, [hs_work(N) for N in Ns], "s-", label="Hillis–Steele")
+ax1.loglog(Ns, [2 * (N - 1) for N in Ns], "^-", label="Blelloch")
+ax1.set(xlabel="number of maps N", ylabel="compositions (work)"); ax1.legend()
+ax2.semilogx(Ns, [N - 1 for N in Ns], "o-", label="fold")
+ax2.semilogx(Ns, [math.ceil(math.log2(N)) for N in Ns], "s-", label="Hillis–Steele")
+ax2.semilogx(Ns, [2 * math.ceil(math.log2(N)) for N in Ns], "^-", label="Blelloch")
+ax2.set(xlabel="number of maps N", ylabel="sequential rounds (depth)", yscale="log"); ax2.legend()
+plt.show()
+
+# %% [markdown]
+# ## 5. Context parallelism
+#
+# Now spread one sequence over $R$ processes, rank $r$ holding a contiguous slice. Each slice is
+# an affine map of the state entering it, and nothing else about the slice matters to the others.
+# So (`linattn.context.context_parallel`, following `seeds/003`):
+#
+# 1. **local**: each rank computes its chunk maps and their prefix scan from a **zero** entering
+#    state. The last prefix is the slice's own map $(M_r, B_r)$ — $B_r$ is the state the slice
+#    would leave behind from zero — and the outputs from zero, $O^{\text{local}}$, are ready too;
+# 2. **exchange**: `all_gather` of $(M_r, B_r)$: two tensors of $K\times K$ and $K\times V$ per head,
+#    whatever the slice length;
+# 3. **fold**: rank $r$ composes the maps of ranks $0..r-1$ and applies them to $S_0$:
+#    $S_r = \sum_{j<r}\big(\prod_{j<i<r} M_i\big) B_j + \big(\prod_{i<r}M_i\big) S_0$;
+# 4. **correct**: outputs are affine in the entering state, so
+#    $O = O^{\text{local}} + P_n\,(M^{\text{pre}}_{n-1}\cdots)\,S_r$ chunk by chunk — no second pass
+#    over the keys and values.
+#
+# First the algebra, with the ranks simulated in this process (the same functions the real thing
+# calls):
+
+# %%
+R = 4
+b = testing.make_inputs("kda", B=1, T=pick(cpu=203, gpu=8192), H=2, K=16, V=16, initial_state=True, seed=4)
+pos = tuple(b[n] for n in context.ARG_NAMES["kda"])
+T_ = pos[0].shape[1]
+slices = [context.slice_bounds(T_, R, r) for r in range(R)]
+locals_ = [context.local_pass("kda", tuple(x[:, s:e] for x in pos), scale=None, chunk_size=16)[0]
+           for s, e in slices]                                       # step 1, "on every rank"
+Ms, Bs = zip(*(loc.total for loc in locals_))                        # step 2: what all_gather collects
+entering, final = context.fold_maps(Ms, Bs, b["initial_state"])      # step 3
+o_cp = torch.cat([context.corrected(loc, S_r) for loc, S_r in zip(locals_, entering)], 1)  # step 4
+o_ref, S_ref = naive.kda(*(x.double() for x in pos), initial_state=b["initial_state"].double(),
+                         output_final_state=True)
+print("slices:", slices)
+print(f"simulated {R} ranks vs float64 recurrence: outputs {testing.rel_err(o_cp, o_ref):.1e}, "
+      f"final state {testing.rel_err(final, S_ref):.1e}")
+o_uncorrected = torch.cat([loc.o_local for loc in locals_], 1)
+print(f"without step 4 (every slice from a zero state): {testing.rel_err(o_uncorrected, o_ref):.1e}")
+assert testing.rel_err(o_cp, o_ref) <= testing.tolerance(torch.float32)
+assert testing.rel_err(o_uncorrected, o_ref) > 1e-3
+
+# %% [markdown]
+# And for real: two processes on this machine talking through `torch.distributed` with the gloo
+# backend (on 127.0.0.1), each computing only its slice. `context.selfcheck` starts them with
+# `torch.multiprocessing`, runs all four operations and compares the concatenated outputs and the
+# final state with the float64 single-process recurrence. The tests run the same with 2 and 4
+# processes (`tests/test_context_parallel.py`), and `tools/cp_nccl.py` runs it across GPUs with NCCL.
+
+# %%
+errors = context.selfcheck(2, "gloo")
+for op, e in errors.items():
+    print(f"{op:12s} 2 gloo processes vs {e['ref']} (float64): outputs {e['o']:.1e}, final state {e['final_state']:.1e}")
+    assert e["o"] <= testing.tolerance(torch.float32) and e["final_state"] <= testing.tolerance(torch.float32)
+
+# %% [markdown]
+# What is communicated does not grow with the sequence: $R$ pairs of $K\times K$ and $K\times V$
+# per head. What *is* extra is step 1's prefix scan of $K\times K$ maps (the ordinary chunk loop
+# only needs $\tilde V = U - WS$ per chunk) — the price of not knowing $S_r$ in advance. For linear
+# attention and GLA, $M$ is diagonal and that price is small; for the delta rule $M$ is dense.
+
+# %% [markdown]
+# ## 6. SM parallelism: the same algebra on one device
+#
+# On a single GPU a long sequence with few heads has few independent chunk loops — $B\cdot H$ of
+# them — and most SMs idle during the sequential state pass. Cut the sequence into sub-sequences
+# and run them *side by side as extra batch entries*: each computes its map from zero, a short
+# scan over the sub-sequences gives the entering states, and the outputs are corrected as in §5.
+# `context.sm_parallel(op, …, splits=m)` does exactly that (`seeds/003`'s intra-card
+# pre-scan and merge):
+
+# %%
+for splits in (1, 2, 4, 7):
+    o_sm, S_sm = context.sm_parallel("kda", *pos, splits=splits, initial_state=b["initial_state"],
+                                     output_final_state=True, chunk_size=16)
+    print(f"{splits} sub-sequences: outputs {testing.rel_err(o_sm, o_ref):.1e}, final state {testing.rel_err(S_sm, S_ref):.1e}")
+    assert testing.rel_err(o_sm, o_ref) <= testing.tolerance(torch.float32)
+
+# %% [markdown]
+# ## Summary
+#
+# * Every operation of the book is, per token and per chunk, an affine map $S' = MS + B$ — in block
+#   form $\begin{bmatrix}M & B\\0 & I\end{bmatrix}$ acting on $\begin{bmatrix}S\\I\end{bmatrix}$; `seeds/004`'s
+#   right-multiplied $V\times K$ convention is its transpose.
+# * Composition $(M_2M_1, M_2B_1 + B_2)$ is associative, not commutative: fold, Hillis–Steele
+#   ($\log_2 N$ rounds, $N\log N$ work) or Blelloch ($2\log_2N$ rounds, $2N$ work) all give the same
+#   states.
+# * Context parallelism: local maps from zero, `all_gather` of $(M_r, B_r)$, a fold, and an
+#   output correction that is linear in the entering state. SM parallelism: the same, batched on
+#   one device.
+#
+# **Workbook:** `exercises/08_affine_scan.py` — composition and the prefix scan, plus RWKV-7's
+# diagonal-plus-low-rank transition as an open exercise.
