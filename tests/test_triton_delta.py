@@ -24,7 +24,7 @@ SHAPES = [
 if GPU:  # head dimensions of real models, longer sequences, every chunk size
     SHAPES += [(op, gate, 2, 1000, 4, K, V, C)
                for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))
-               for K, V, C in ((128, 128, 64), (64, 256, 32), (256, 128, 128))]
+               for K, V, C in ((128, 128, 64), (64, 256, 32), (256, 128, 64), (32, 64, 128))]
 
 
 def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0):
