@@ -8,7 +8,8 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
     O  = scale (Q ⊙ e^G) S + Aqk Ṽ,      Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}  (j ≤ i)
     S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
 
-Stage 1, `_wy_kernel`, one program per (chunk, head), fully parallel: G, A, Aqk, T, W, U.
+Stage 1, `_wy_kernel`, one program per (chunk, head), fully parallel: G, A, Aqk, T, W, U,
+    and K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials).
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
@@ -111,20 +112,25 @@ def wy_stage(q, k, v, g, beta, p: Plan) -> dict:
     """Stage 1, one program per (chunk, head): G, W, U and the scaled causal scores Aqk.
 
     Returns gc [B,T,H(,K)] (log-decays summed from each chunk start; None without gates),
-    w [B,T,H,K], u [B,T,H,V], aqk [B,T,H,C] (row t holds its chunk's row of scale·Aqk)."""
+    w [B,T,H,K], u [B,T,H,V], aqk [B,T,H,C] (row t holds its chunk's row of scale·Aqk),
+    kd [B,T,H,K] = K ⊙ e^{G_C − G} (k itself without gates) and dl [B,H,NT,K] = e^{G_C}
+    (None without gates): what the state pass needs, so its sequential loop has no exponentials."""
     B, T, H, K, V, C = p.B, p.T, p.H, p.K, p.V, p.C
     gc = outputs.empty(g.shape, dtype=torch.float32, device=p.device) if p.gate else None
     w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
     u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
     aqk = outputs.empty((B, T, H, C), dtype=p.work, device=p.device)
+    kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
+    dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     _wy_kernel[(p.NT, B * H)](
-        q, k, v, g if p.gate else q, beta, gc if p.gate else q, w, u, aqk, p.scale, T,
+        q, k, v, g if p.gate else q, beta, gc if p.gate else q, w, u, aqk, kd,
+        dl if p.gate else q, p.scale, T, p.NT,
         H=H, K=K, V=V, C=C, BK=p.BK, BV=min(block(V), 64), GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         LOG_NB=(C // SUB).bit_length() - 1, num_warps=TUNING["warps_wy"])
-    return dict(gc=gc, w=w, u=u, aqk=aqk)
+    return dict(gc=gc, w=w, u=u, aqk=aqk, kd=kd, dl=dl)
 
 
-def state_stage(k, wy: dict, h0, p: Plan, output_final_state: bool):
+def state_stage(wy: dict, h0, p: Plan, output_final_state: bool):
     """Stage 2, one program per (V-block, head) walking the chunks in order: Ṽ = U − W S,
     S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ. Returns (states [B,H,NT,K,V] entering each chunk,
     Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None)."""
@@ -134,7 +140,7 @@ def state_stage(k, wy: dict, h0, p: Plan, output_final_state: bool):
     ht = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
     BV = state_block(V, B * H)
     _state_kernel[(triton.cdiv(V, BV), B * H)](
-        k, wy["gc"] if p.gate else k, wy["w"], wy["u"], hs if h0 is None else h0, hs, vnew,
+        wy["kd"], wy["dl"] if p.gate else hs, wy["w"], wy["u"], hs if h0 is None else h0, hs, vnew,
         hs if ht is None else ht, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
@@ -158,7 +164,7 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
     q, k, v, g, beta = contiguous(q, k, v, g, beta)
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
     wy = wy_stage(q, k, v, g, beta, p)
-    hs, vnew, ht = state_stage(k, wy, h0, p, output_final_state)
+    hs, vnew, ht = state_stage(wy, h0, p, output_final_state)
     return output_stage(q, wy, hs, vnew, p, v.dtype), ht
 
 
@@ -258,7 +264,7 @@ def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.const
 # ---------------------------------------------------------------- the three kernels
 
 @triton.jit
-def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl.constexpr,
+def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, LOG_NB: tl.constexpr):
     n, bh = tl.program_id(0), tl.program_id(1)
@@ -279,6 +285,10 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl
         tl.debug_barrier()  # G is read back below by other threads of this program
         A, Aqk = _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
         kb = kt * tl.exp(G)
+        # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}; padded rows have g = 0, so row C−1 is G_C
+        GC = tl.sum(tl.where(i == C - 1, G, 0.0), axis=0)                          # [BK]
+        kdec = kt * tl.exp(GC[None, :] - G)
+        dlast = tl.exp(GC)
     else:
         A = _mm(kt, tl.trans(kt), DT, IEEE)                                       # [C, C]
         Aqk = _mm(qt, tl.trans(kt), DT, IEEE)
@@ -289,8 +299,14 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
             A, Aqk = A * E, Aqk * E
             kb = kt * tl.exp(G1)[:, None]
+            GC1 = tl.sum(tl.where(tl.arange(0, C) == C - 1, G1, 0.0), axis=0)
+            kdec = kt * tl.exp(GC1 - G1)[:, None]
+            dlast = tl.zeros((BK,), dtype=tl.float32) + tl.exp(GC1)
         A = tl.where(i > j, A, 0.0)
         Aqk = tl.where(i >= j, Aqk, 0.0)
+    if GATE > 0:
+        tl.store(kd + row[:, None] * K + dk[None, :], kdec.to(kd.dtype.element_ty), mask=mk)
+        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, dlast, mask=dk < K)
     A = A * bt[:, None]                                                           # β_i on row i
     tl.store(aqk + row[:, None] * C + j, (Aqk * scale).to(aqk.dtype.element_ty), mask=tm[:, None])
     Tinv = _unit_lower_inverse(A, C, LOG_NB, IEEE)
@@ -305,7 +321,7 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, scale, T, H: tl.constexpr, K: tl
 
 
 @triton.jit
-def _state_kernel(k, gc, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                   HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
@@ -330,18 +346,10 @@ def _state_kernel(k, gc, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.c
         Ut = tl.load(u + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
         Vt = Ut - _mm(Wt, S, DT, IEEE)                                            # [C, BV] Ṽ
         tl.store(vnew + row[:, None] * V + dv[None, :], Vt.to(vnew.dtype.element_ty), mask=mv)
-        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
-        last = (b * T + tl.minimum(n * C + C, T) - 1).to(tl.int64) * H + h   # last real token
-        if GATE == 2:
-            G = tl.load(gc + row[:, None] * K + dk[None, :], mask=mk, other=0.0)
-            gl = tl.load(gc + last * K + dk, mask=dk < K, other=0.0)             # [BK] G_C
-            kt = kt * tl.exp(gl[None, :] - G)         # ≤ 0 on real rows; padded rows have k = 0
-            S = S * tl.exp(gl)[:, None]
-        elif GATE == 1:
-            G1 = tl.load(gc + row, mask=tm, other=0.0)
-            gl1 = tl.load(gc + last)
-            kt = kt * tl.exp(gl1 - G1)[:, None]
-            S = S * tl.exp(gl1)
+        # K ⊙ e^{G_C − G} (just K for DeltaNet) and the decay e^{G_C} across the chunk, from stage 1
+        kt = tl.load(kd + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+        if GATE > 0:
+            S = S * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
         S += _mm(tl.trans(kt), Vt, DT, IEEE)                                      # [BK, BV]
     if STORE_HT:
         tl.store(ht + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], S, mask=ms)
