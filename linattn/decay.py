@@ -57,6 +57,16 @@ def prefix(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
     return g.to(gate_dtype(g)).cumsum(dim)
 
 
+def chunk_local_prefix(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """g [B, T, H] or [B, T, H, K] → the same shape, prefix sums restarting every `chunk_size` tokens.
+
+    The layout kernels use for Λ, Γ and γ of each chunk (b at a chunk's last token is its total
+    log-decay); float32, or float64 for float64 gates. The last chunk may be shorter.
+    """
+    T = g.shape[1]
+    return unchunked(prefix(chunked(g, chunk_size), dim=3), T)
+
+
 def suffix(g: torch.Tensor, dim: int = -2) -> torch.Tensor:
     """Σ_{s > t} g_s along `dim` (the decay from just after t to the end), summed from the end.
 

@@ -94,3 +94,13 @@ def test_per_dim_broadcast_shape():
     q = torch.randn(2, 5, 3, 4)
     assert decay.per_dim(torch.zeros(2, 5, 3), q).shape == (2, 5, 3, 1)
     assert decay.per_dim(torch.zeros(2, 5, 3, 4), q).shape == (2, 5, 3, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 3), (1, 37, 2, 5)])
+def test_chunk_local_prefix(shape):
+    g = testing.log_gates(shape, "normal", generator=torch.Generator().manual_seed(4))
+    b = decay.chunk_local_prefix(g, 16)
+    assert b.shape == g.shape and b.dtype == torch.float32
+    for s in range(0, 37, 16):
+        want = g[:, s:s + 16].double().cumsum(1)
+        assert torch.allclose(b[:, s:s + 16].double(), want, rtol=1e-6, atol=1e-7)
