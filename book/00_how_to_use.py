@@ -93,7 +93,8 @@ print("a chapter asking pick(cpu=256, gpu=8192) gets T =", T)
 # tolerance per input dtype.
 
 # %%
-x = testing.make_inputs("linear_attn", B=1, T=100, H=2, K=16, V=16)   # float32 inputs
+x = testing.make_inputs("linear_attn", B=1, T=100, H=2, K=16, V=16,   # float32 inputs
+                        device=linattn.device.default_device())
 truth, _ = naive.linear_attn(**testing.to_float64(x))
 for level in ("naive", "chunk", "triton"):
     o, _ = linattn.linear_attn(**x, impl=level)

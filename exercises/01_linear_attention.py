@@ -47,7 +47,7 @@ from linattn.grade import check
 # | `q`, `k` | `[B, T, H, K]` | queries and keys: batch, time, heads, key dimension |
 # | `v` | `[B, T, H, V]` | values (V may differ from K) |
 # | `scale` | float or `None` | multiplies every output; `None` means $K^{-1/2}$ |
-# | `initial_state` | `[B, H, K, V]` float32, or `None` | the state before the first token (`None` = zeros) |
+# | `initial_state` | `[B, H, K, V]` float32, or `None` | the state before the first token (`None` = zeros); convert it to the compute dtype, and never change the caller's tensor in place |
 # | `output_final_state` | bool | return the state after the last token, else `None` |
 #
 # Return a pair `(o, final_state)`:
