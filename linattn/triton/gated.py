@@ -11,17 +11,19 @@ Every exponent is a difference b_t − b_s with t ≥ s (or b alone), so every f
 overflows however strong the gates are; tiny products underflow to 0, which is what they are.
 
 The intra-chunk term for per-dimension gates cannot be one matmul (the decay sits inside the sum
-over k). Secondary chunking splits the chunk into sub-chunks of c tokens:
+over k). Secondary chunking (_intra_kernel) splits the chunk into sub-chunks of c tokens:
 - an off-diagonal tile (sub-chunk i attends to j < i) factors through the reference r = b just
   before sub-chunk i: e^{b_t − b_s} = e^{b_t − r} · e^{r − b_s}, both ≤ 1, so the tile is an
   ordinary (half-precision) tensor-core matmul of absorbed queries and keys;
 - a diagonal tile (i attends to itself) has no safe reference, so it is computed column by
   column in float32 with the exponent of the difference.
-For per-head gates the decay leaves the k-sum, so the whole chunk is one matmul times a C×C mask.
+It writes the chunk's C×C matrix A (float32) in parallel over (sub-chunk, chunk, batch·head); the
+output step then needs two matmuls per chunk, as for per-head gates, where the decay leaves the
+k-sum and the whole chunk is one matmul times a C×C decay mask.
 
 Two ways to run the chunks (`mode`):
-- "fused": one program per (batch·head, V-block) walks all chunks, the state stays on chip and
-  nothing is materialised. Parallelism: B·H·V/BV programs.
+- "fused": one program per (batch·head, V-block) walks all chunks, the state stays on chip and is
+  never materialised. Parallelism: B·H·V/BV programs.
 - "states": a first kernel walks the chunks and writes the state before every chunk to memory
   (B·H·NT·K·V values); a second kernel computes every chunk's output in parallel (B·H·NT·V/BV
   programs). More memory traffic, far more parallelism when B·H is small and T long.
@@ -83,78 +85,86 @@ def _state_step(S, k_base, v_base, b_base, t0, T, s_k, s_v, s_b, offs_k, offs_v,
 
 
 @triton.jit
-def _diagonal_tile(q, k, b, c: tl.constexpr):
-    """A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t, in float32, one column s at a time."""
-    idx = tl.arange(0, c)
-    A = tl.zeros([c, c], dtype=tl.float32)
-    for s in range(c):
-        pick = (idx == s)[:, None]
-        k_s = tl.sum(tl.where(pick, k, 0.0), axis=0)                                  # [BK] row s
-        b_s = tl.sum(tl.where(pick, b, 0.0), axis=0)                                  # [BK]
-        # min(·, 0): rows t < s are masked below; clamping keeps their exp from overflowing.
-        col = tl.sum(q * k_s[None, :] * tl.exp(tl.minimum(b - b_s[None, :], 0.0)), axis=1)  # [c]
-        A = tl.where(idx[None, :] == s, col[:, None], A)
-    return tl.where(idx[:, None] >= idx[None, :], A, 0.0)
+def _intra_kernel(q, k, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                  COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    # One program per (sub-chunk i, chunk n, batch·head): rows of sub-chunk i of the intra-chunk
+    # matrix A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t in the chunk (tiles j ≤ i).
+    i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_n * C
+    s0 = t0 + i_i * c
+    if s0 < T:
+        base = i_b * T * H * K + i_h * K                     # q, k and b share the [B,T,H,K] layout
+        a_base = A + i_b * T * H * C + i_h * C                # A is [B, T, H, C]
+        offs_k = tl.arange(0, BK)
+        kmask = offs_k < K
+        idx = tl.arange(0, c)
+        rows = s0 + idx
+        rmask = rows < T
+        m_qk = rmask[:, None] & kmask[None, :]
+        p_rows = rows[:, None] * H * K + offs_k[None, :]
+        q_i = tl.load(q + base + p_rows, mask=m_qk, other=0.0).to(tl.float32)                # [c, BK]
+        b_i = tl.load(b + base + p_rows, mask=m_qk, other=0.0)                               # [c, BK]
+        # reference r: cumulative gate just before sub-chunk i (0 for the first one)
+        r = tl.load(b + base + (s0 - 1) * H * K + offs_k, mask=kmask & (i_i > 0), other=0.0)  # [BK]
+        # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
+        q_hat = (q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))).to(COMPUTE)              # [c, BK], ≤ |q|
+        p_a = a_base + rows[:, None] * H * C
+        for j in range(i_i):                                  # off-diagonal tiles: tensor-core matmuls
+            p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]                       # rows all < T
+            k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
+            b_j = tl.load(b + base + p_j, mask=kmask[None, :], other=0.0)
+            k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                             # [c, BK], ≤ |k|
+            A_ij = dot(q_hat, tl.trans(k_hat), IEEE)                                         # [c, c]
+            tl.store(p_a + (j * c + idx)[None, :], A_ij, mask=rmask[:, None])
+        # diagonal tile in float32 log space, one column s at a time (rows t < s masked after)
+        A_ii = tl.zeros([c, c], dtype=tl.float32)
+        for s in range(c):
+            m_s = kmask & (s0 + s < T)
+            k_s = tl.load(k + base + (s0 + s) * H * K + offs_k, mask=m_s, other=0.0).to(tl.float32)  # [BK]
+            b_s = tl.load(b + base + (s0 + s) * H * K + offs_k, mask=m_s, other=0.0)                 # [BK]
+            col = tl.sum(q_i * k_s[None, :] * tl.exp(tl.minimum(b_i - b_s[None, :], 0.0)), axis=1)   # [c]
+            A_ii = tl.where(idx[None, :] == s, col[:, None], A_ii)
+        A_ii = tl.where(idx[:, None] >= idx[None, :], A_ii, 0.0)
+        tl.store(p_a + (i_i * c + idx)[None, :], A_ii, mask=rmask[:, None])
+        # tiles above the diagonal are never written: the output step selects them away (tl.where)
 
 
 @triton.jit
-def _chunk_output(S, q_base, k_base, v_base, b_base, o_base, t0, T, K, V, scale,
-                  s_k, s_v, s_b, offs_v, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+def _chunk_output(S, q_base, k_base, v_base, b_base, a_base, o_base, t0, T, K, V, scale,
+                  s_k, s_v, s_b, s_a, offs_v, C: tl.constexpr, BK: tl.constexpr,
                   GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
     """Write o for the chunk starting at t0, given S [BK, BV] (float32), the state before the chunk."""
     offs_k = tl.arange(0, BK)
     kmask = offs_k < K
-    vmask = offs_v < V
+    rows = t0 + tl.arange(0, C)
+    rmask = rows < T
+    m_qk = rmask[:, None] & kmask[None, :]
+    causal = rows[:, None] >= rows[None, :]
+    q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)    # [C, BK]
+    v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
+                mask=rmask[:, None] & (offs_v < V)[None, :], other=0.0).to(COMPUTE)                  # [C, BV]
     Sc = S.to(COMPUTE)
     if GATE == 2:
-        for i in range(C // c):
-            s0 = t0 + i * c
-            if s0 < T:
-                rows = s0 + tl.arange(0, c)
-                rmask = rows < T
-                m_qk = rmask[:, None] & kmask[None, :]
-                q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
-                k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
-                v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
-                            mask=rmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)        # [c, BV]
-                b = tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=m_qk, other=0.0)  # [c, BK]
-                # inter-chunk: queries decayed from the chunk start see the state
-                acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                               # [c, BV]
-                # reference r: cumulative gate just before sub-chunk i (0 for the first one)
-                r = tl.load(b_base + (s0 - 1) * s_b + offs_k, mask=kmask & (i > 0), other=0.0)  # [BK]
-                # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
-                q_hat = (q * tl.exp(tl.minimum(b - r[None, :], 0.0))).to(COMPUTE)             # [c, BK]
-                for j in range(i):
-                    rj = t0 + j * c + tl.arange(0, c)                                          # all < T
-                    kj = tl.load(k_base + rj[:, None] * s_k + offs_k[None, :], mask=kmask[None, :], other=0.0)
-                    bj = tl.load(b_base + rj[:, None] * s_b + offs_k[None, :], mask=kmask[None, :], other=0.0)
-                    vj = tl.load(v_base + rj[:, None] * s_v + offs_v[None, :], mask=vmask[None, :], other=0.0)
-                    k_hat = (kj.to(tl.float32) * tl.exp(r[None, :] - bj)).to(COMPUTE)           # [c, BK]
-                    A = dot(q_hat, tl.trans(k_hat), IEEE)                                      # [c, c]
-                    acc += dot(A.to(COMPUTE), vj.to(COMPUTE), IEEE)
-                A = _diagonal_tile(q, k, b, c)                                                 # [c, c] float32
-                acc += dot(A.to(COMPUTE), v, IEEE)
-                tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
-                         (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+        # intra-chunk matrix from _intra_kernel (secondary chunking); queries decayed from the chunk start
+        A = tl.load(a_base + rows[:, None] * s_a + tl.arange(0, C)[None, :], mask=rmask[:, None],
+                    other=0.0)                                                                      # [C, C]
+        b = tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=m_qk, other=0.0)           # [C, BK]
+        acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                                            # [C, BV]
     else:
-        rows = t0 + tl.arange(0, C)
-        rmask = rows < T
-        m_qk = rmask[:, None] & kmask[None, :]
-        q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)  # [C, BK]
         k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)  # [C, BK]
-        v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
-                    mask=rmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)                    # [C, BV]
-        A = dot(q, tl.trans(k), IEEE)                                                       # [C, C]
+        A = dot(q, tl.trans(k), IEEE)                                                               # [C, C]
         if GATE == 1:
-            b = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)                          # [C]
+            # a per-head decay leaves the sum over k: one matmul times a C×C decay mask
+            b = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)                                  # [C]
             A = A * tl.exp(tl.minimum(b[:, None] - b[None, :], 0.0))
-            acc = dot((q * tl.exp(b)[:, None]).to(COMPUTE), Sc, IEEE)                        # [C, BV]
+            acc = dot((q * tl.exp(b)[:, None]).to(COMPUTE), Sc, IEEE)
         else:
             acc = dot(q, Sc, IEEE)
-        A = tl.where(rows[:, None] >= rows[None, :], A, 0.0)
-        acc += dot(A.to(COMPUTE), v, IEEE)
-        tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
-                 (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+    A = tl.where(causal, A, 0.0)   # a select, not a product: unwritten entries of A never leak
+    acc += dot(A.to(COMPUTE), v, IEEE)
+    tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
+             (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & (offs_v < V)[None, :])
 
 
 @triton.jit
@@ -198,7 +208,7 @@ def _states_kernel(k, v, b, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.c
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, h, o, T, H, K, V, NT, scale, C: tl.constexpr, c: tl.constexpr,
+def _output_kernel(q, k, v, b, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                    IEEE: tl.constexpr):
     # One program per (V-block, chunk, batch·head): every chunk's output in parallel.
@@ -210,12 +220,13 @@ def _output_kernel(q, k, v, b, h, o, T, H, K, V, NT, scale, C: tl.constexpr, c: 
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
     S = tl.load(h + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
                 mask=smask, other=0.0).to(tl.float32)                                       # [BK, BV]
-    _chunk_output(S, q_base, k_base, v_base, b_base, o_base, i_n * C, T, K, V, scale,
-                  H * K, H * V, s_b, offs_v, C, c, BK, GATE, COMPUTE, IEEE)
+    a_base = a + i_b * T * H * C + i_h * C
+    _chunk_output(S, q_base, k_base, v_base, b_base, a_base, o_base, i_n * C, T, K, V, scale,
+                  H * K, H * V, s_b, H * C, offs_v, C, BK, GATE, COMPUTE, IEEE)
 
 
 @triton.jit
-def _fused_kernel(q, k, v, b, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr, c: tl.constexpr,
+def _fused_kernel(q, k, v, b, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
@@ -230,9 +241,10 @@ def _fused_kernel(q, k, v, b, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
         S = tl.load(s0 + i_bh * K * V + s_offs, mask=smask, other=0.0)                      # [BK, BV]
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
+    a_base = a + i_b * T * H * C + i_h * C
     for n in range(NT):
-        _chunk_output(S, q_base, k_base, v_base, b_base, o_base, n * C, T, K, V, scale,
-                      H * K, H * V, s_b, offs_v, C, c, BK, GATE, COMPUTE, IEEE)
+        _chunk_output(S, q_base, k_base, v_base, b_base, a_base, o_base, n * C, T, K, V, scale,
+                      H * K, H * V, s_b, H * C, offs_v, C, BK, GATE, COMPUTE, IEEE)
         S = _state_step(S, k_base, v_base, b_base, n * C, T, H * K, H * V, s_b, offs_k, offs_v, K, V,
                         C, GATE, COMPUTE, IEEE)
     if STORE_ST:
@@ -277,20 +289,37 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     BK, BV = blocks(K, V)
     mode = choose_mode(mode, B, H, V, BV)
     b = q if g is None else local_cumsum(g, C)        # unused pointer when there is no gate
+    a = intra_attention(q, k, b, d, C, c) if gate == DIM_GATE else q
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     warps = 4
     if mode == "fused":
         last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
-            q, k, v, b, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
-            d.scale, c=c, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
+            q, k, v, b, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
+            d.scale, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
             num_warps=warps, **common)
         return o, sT
     h, _ = chunk_states(k, v, b, gate, d, s0=s0, sT=sT, chunk_size=C)
     last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, v, b, h, o, T, H, K, V, NT, d.scale, c=c, BK=BK, BV=BV, num_warps=warps, **common)
+        q, k, v, b, a, h, o, T, H, K, V, NT, d.scale, BK=BK, BV=BV, num_warps=warps, **common)
     return o, sT
+
+
+def intra_attention(q, k, b, d, C, c):
+    """The intra-chunk matrix A [B, T, H, C] (float32) for per-dimension gates: secondary chunking.
+
+    Row t holds A[t, s] for the C positions s of t's chunk. Computed once, in parallel over
+    (sub-chunk, chunk, batch·head), and read by both modes' output step.
+    """
+    B, T, H, K = d.B, d.T, d.H, d.K
+    COMPUTE = compute_dtype(q.dtype)
+    # tiles on and below the diagonal of every row < T are written; the rest is masked when read
+    A = torch.empty((B, T, H, C), dtype=torch.float32, device=q.device)
+    last_launch["intra"] = _intra_kernel[(C // c, triton.cdiv(T, C), B * H)](
+        q, k, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
+        num_warps=2 if c <= 16 else 4)
+    return A
 
 
 def chunk_states(k, v, b, gate, d, *, s0=None, sT=None, chunk_size=64):
