@@ -177,7 +177,7 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr,
+def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr,
                 C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     """Per-dimension decayed scores of one chunk, without β and scale:
     A_ij = Σ_d k_id k_jd e^{G_id − G_jd} (i > j) and Aqk_ij = Σ_d q_id k_jd e^{G_id − G_jd} (i ≥ j).
@@ -185,7 +185,8 @@ def _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexp
     Blocks below the diagonal: one dot per sub-chunk s, split at b = 16 s − 1 (the last token
     before s): rows i in s carry e^{G_i − G_b}, rows j ≤ b carry e^{G_b − G_j}; both exponents
     are ≤ 0. Diagonal 16×16 blocks: the exponent G_i − G_j itself, in float32, one column j at a
-    time (column j's key and gate row are re-read from memory, where G was just stored).
+    time. Only differences inside the block matter there, so the block sums its own gates from
+    zero (smaller sums round less), and column j's key row is re-read from memory.
     """
     NB: tl.constexpr = C // 16
     rows = tl.arange(0, C)
@@ -206,7 +207,8 @@ def _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexp
         ms = (ts < T)[:, None] & (dk[None, :] < K)
         Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
         Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
-        Gs = tl.load(gc + rs[:, None] * K + dk[None, :], mask=ms, other=0.0)
+        Gs = tl.cumsum(tl.load(g + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32),
+                       axis=0)                                                     # [16, BK]
         Da = tl.zeros((16, 16), dtype=tl.float32)
         Dq = tl.zeros((16, 16), dtype=tl.float32)
         for jj in range(16):
@@ -214,7 +216,7 @@ def _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexp
             rj = (b * T + tj).to(tl.int64) * H + h
             mj = (dk < K) & (tj < T)
             kj = tl.load(k + rj * K + dk, mask=mj, other=0.0).to(tl.float32)       # [BK]
-            gj = tl.load(gc + rj * K + dk, mask=mj, other=0.0)
+            gj = tl.sum(tl.where(r[:, None] == jj, Gs, 0.0), axis=0)                  # [BK]
             # min(·, 0): entries above the diagonal (masked below) must not overflow on the way
             wj = kj[None, :] * tl.exp(tl.minimum(Gs - gj[None, :], 0.0))            # [16, BK]
             Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)
@@ -282,13 +284,16 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
         G = tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
                       axis=0)
         tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
-        tl.debug_barrier()  # G is read back below by other threads of this program
-        A, Aqk = _kda_scores(q, k, gc, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
+        A, Aqk = _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
         kb = kt * tl.exp(G)
-        # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}; padded rows have g = 0, so row C−1 is G_C
-        GC = tl.sum(tl.where(i == C - 1, G, 0.0), axis=0)                          # [BK]
-        kdec = kt * tl.exp(GC[None, :] - G)
-        dlast = tl.exp(GC)
+        # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
+        # from the end over the gates shifted up one row, not as a difference of prefix sums (which
+        # loses the small remainder next to a huge G_i); padded rows have g = 0, so row C−1 is G_C
+        nxt = ((t + 1) < T) & (tl.arange(0, C) < C - 1)
+        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :], mask=nxt[:, None] & (dk[None, :] < K),
+                      other=0.0).to(tl.float32)                                    # g_{i+1}
+        kdec = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))
+        dlast = tl.exp(tl.sum(tl.where(i == C - 1, G, 0.0), axis=0))              # [BK] e^{G_C}
     else:
         A = _mm(kt, tl.trans(kt), DT, IEEE)                                       # [C, C]
         Aqk = _mm(qt, tl.trans(kt), DT, IEEE)
@@ -299,8 +304,10 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
             A, Aqk = A * E, Aqk * E
             kb = kt * tl.exp(G1)[:, None]
+            nxt = ((t + 1) < T) & (tl.arange(0, C) < C - 1)
+            gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)        # g_{i+1}
+            kdec = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]     # e^{G_C − G_i}
             GC1 = tl.sum(tl.where(tl.arange(0, C) == C - 1, G1, 0.0), axis=0)
-            kdec = kt * tl.exp(GC1 - G1)[:, None]
             dlast = tl.zeros((BK,), dtype=tl.float32) + tl.exp(GC1)
         A = tl.where(i > j, A, 0.0)
         Aqk = tl.where(i >= j, Aqk, 0.0)
