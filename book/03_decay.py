@@ -124,9 +124,9 @@ plt.show()
 # then $D_{tj} = a_t / a_j$. It is exact in real arithmetic and wrong in floating point, in
 # three ways:
 #
-# * **underflow.** $a_t$ decays geometrically. float32 and bfloat16 reach their smallest number
-#   near $e^{-103}$ (the subnormals; $e^{-87}$ for normal numbers), float16 already near
-#   $e^{-17}$. A RetNet head with $\gamma = 1 - 2^{-5}$ has $\log\gamma \approx -0.032$ and
+# * **underflow.** $a_t$ decays geometrically. float32 reaches its smallest number near
+#   $e^{-103}$ (the subnormals; $e^{-87}$ for normal numbers), bfloat16 near $e^{-92}$, float16
+#   already near $e^{-17}$. A RetNet head with $\gamma = 1 - 2^{-5}$ has $\log\gamma \approx -0.032$ and
 #   underflows float32 after about 3 200 tokens; a Mamba-2 head forgetting with
 #   $g_t \approx -1$ after about 100; in float16 after 17. Past that point $a_t/a_j = 0/0$ = NaN.
 # * **overflow.** Any rearrangement that needs $1/a_j$ on its own (we will want exactly that for
