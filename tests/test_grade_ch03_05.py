@@ -210,3 +210,20 @@ def test_case_tolerance_follows_q_not_the_float32_gates():
     # g comes first in the kwargs and is float32; a bf16 case must still be graded at bf16.
     cases = catalog.get("ch04.chunkwise").cases(0)
     assert [c.dtype for c in cases] == [c.kwargs["q"].dtype for c in cases]
+
+
+def test_passed_chunkwise_gla_runs_the_library(tmp_path, monkeypatch):
+    """Unlocking: once ch04.chunkwise passes, linattn.gla(impl="auto") can run the reader's code."""
+    import linattn
+    from linattn import naive, testing
+
+    monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
+    assert check("ch04.chunkwise", chunkwise, seed=0, quiet=True).passed
+    args = testing.make_inputs("gla", B=1, T=40, H=2, K=8, V=8, seed=3)
+    linattn.set_impl("gla", "mine")
+    try:
+        o, _ = linattn.gla(**args)
+        assert "ch04.chunkwise" in linattn.which("gla")
+    finally:
+        linattn.set_impl("gla", "auto")
+    assert testing.rel_err(o, naive.gla(**testing.to_float64(args))[0]) <= testing.tolerance(torch.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import math
 import os
 import types
 from pathlib import Path
@@ -83,7 +84,9 @@ def _collect(fn, parts, seen):
             parts.append(f"import {obj.__name__} as {name}")
         elif isinstance(obj, (int, float, str, bool)) and name not in seen:
             seen.add(name)
-            parts.append(f"{name} = {obj!r}")
+            # repr(float("inf")) is `inf`, not Python source: spell non-finite floats out
+            value = f"float({str(obj)!r})" if isinstance(obj, float) and not math.isfinite(obj) else repr(obj)
+            parts.append(f"{name} = {value}")
 
 
 def load_mine(op: str):
