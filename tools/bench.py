@@ -27,8 +27,7 @@ from linattn import bench, testing  # noqa: E402
 from linattn.validate import value_checks  # noqa: E402
 
 TS = [1024, 2048, 4096, 8192, 16384, 32768]
-NAIVE_MAX_T = 1024  # the token loop makes T sequential steps; beyond this it only measures launches
-NAIVE_SKIP = "naive: timed at T ≤ 1024 only (a Python loop over T tokens)"
+PYTHON_LEVELS = ("chunk", "naive")  # Python loops over chunks / tokens: seconds of device time per point
 
 
 def triton_ops():
@@ -58,7 +57,7 @@ def check(op, args, fn):
     return testing.rel_err(o, ref)
 
 
-def suite_anchors(Ts, log, size):
+def suite_anchors(Ts, log, size, all_levels=False):
     rows, ops = [], triton_ops()
     missing = [op for op in bench.OPS if op not in ops]
     for T in Ts:
@@ -70,7 +69,7 @@ def suite_anchors(Ts, log, size):
             fla = bench.fla_call(op, args)
             row["fla"] = bench.median_ms(fla) if fla else None
             for level in levels_for(op):
-                if level == "naive" and T > NAIVE_MAX_T:
+                if level in PYTHON_LEVELS and T != Ts[0] and not (all_levels and level == "chunk"):
                     row[level] = None
                     continue
                 fn = call_for(op, level, args)
@@ -83,7 +82,9 @@ def suite_anchors(Ts, log, size):
                                               if isinstance(v, float)))
             del args
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    notes = [NAIVE_SKIP] + [f"{op}: linattn.triton has no {bench.OPS[op][0]} in this tree" for op in missing]
+    skipped = "naive" if all_levels else "chunk and naive"
+    notes = [f"{skipped}: timed at T = {Ts[0]} only: Python loops over chunks or tokens cost seconds of "
+             "device time per point and are not what the table compares (--all-levels times chunk at every T)"] + [f"{op}: linattn.triton has no {bench.OPS[op][0]} in this tree" for op in missing]
     return {"rows": rows, "notes": notes}
 
 
@@ -179,6 +180,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=32768, help="B·T (smaller only to try the script on a CPU)")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128, help="K = V")
+    p.add_argument("--all-levels", action="store_true", help="time the chunk level at every T too")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
@@ -194,7 +196,7 @@ def main(argv=None):
     res = {"env": bench.environment(), "size": {n: x for n, x in size.items() if n != "device"}}
     with value_checks(False):
         if a.suite in ("anchors", "all"):
-            res["anchors"] = suite_anchors(a.T, log, size)
+            res["anchors"] = suite_anchors(a.T, log, size, a.all_levels)
             bench.save_json(out / "bench.json", res)
             plot(res, out / "bench.png")
         if a.suite in ("chunks", "all"):
