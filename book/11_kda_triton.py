@@ -74,7 +74,7 @@ DEV = linattn.device.default_device()
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
-# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$ also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$ |
+# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$ |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #
@@ -124,7 +124,13 @@ print("exact scores finite:", bool(exact.isfinite().all()))
 # * **the 16×16 diagonal blocks**: there is no boundary between $i$ and $j$ to split at, so the
 #   kernel forms $e^{G_{id}-G_{jd}}$ element by element in float32, one column $j$ at a time (16
 #   steps of $[16, K]$ elementwise work per block), then places the block with two small exact
-#   dots against a 0/1 matrix.
+#   dots against a 0/1 matrix. Only differences inside the block occur there, so the block sums
+#   its own 16 gates from zero: a small sum rounds less than the chunk's running sum near $-1000$.
+#
+# Stage 1 also prepares what the state pass will need, so that the sequential loop of stage 2
+# has no exponentials at all: $\tilde K = K\odot e^{G_C-G}$ and $e^{G_C}$. The tail sum
+# $G_C - G_i = g_{i+1}+\dots+g_C$ is summed from the end of the chunk (`tl.cumsum(…, reverse=True)`
+# over the gates shifted by one row), not formed as a difference of two large prefix sums.
 #
 # For Gated DeltaNet the decay is one number per pair $(i,j)$: the kernel takes $KK^\top$ with a
 # single dot and multiplies by the $C\times C$ matrix $e^{\min(G_i-G_j,0)}$ — no split needed.
@@ -360,11 +366,22 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# Where the time goes (stage timings from the profiler in the same recorded run):
+# Where the time goes (stage timings from the profiler, when the recorded run has them):
 
 # %%
 for st in rec.get("stages", []):
     print(f"{st['op']:4s} T={st['T']:5d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
+
+# %% [markdown]
+# **A lesson from the first native run.** The first version of stage 1 built the diagonal blocks
+# and the 16×16 inverses on rank-3 and rank-4 register tensors (`[C/16, 16, K]`, pulling row $j$
+# out with a masked sum) — natural in NumPy, and correct in the interpreter. On the H200 that
+# kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms), and faulted in bf16. Its
+# replacement uses 2-D tiles only: row $j$ of a block is re-read from memory (it sits in L1/L2)
+# instead of being extracted from registers, and blocks move in and out of the $C\times C$
+# matrix through exact dots with 0/1 matrices. If the recorded run above still names commit
+# `8c12ca0`, it timed that first version (`docs/perf_notes.md` has the details); the interpreter
+# can check correctness, but only the GPU can say what a register layout costs.
 
 # %% [markdown]
 # ## Summary
