@@ -18,8 +18,10 @@ Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and 
 no factor e^{+G} is ever formed. Between sub-chunks of 16 tokens the KDA score is split at the
 sub-chunk boundary b: e^{G_i − G_b} · e^{G_b − G_j}, both exponents ≤ 0 (i after b, j up to b), and
 the product of the two factors is a tensor-core dot. Inside a 16×16 diagonal block the exponent
-G_i − G_j is formed element by element in float32. The inverse T is built from the 16×16 diagonal
-blocks (forward substitution) and dots that combine them.
+G_i − G_j is formed element by element in float32, from the block's own gate sums. Tail decays
+e^{G_C − G_i} are summed from the chunk end, not taken as differences of large prefix sums.
+The inverse T is built from the 16×16 diagonal blocks (forward substitution) and dots that
+combine them.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 MAX_HEAD_DIM = 256
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
-# Narrow V-blocks in the state pass give a long sequence with few heads more programs.
+# Narrow V-blocks in the state pass give a long sequence with few heads more programs;
+# bv_state=None lets `state_block` choose from the number of SMs.
 TUNING = dict(bv_state=None, bv_out=64, warps_wy=4, warps_state=4, warps_out=4, stages_state=2)
 
 
