@@ -47,8 +47,10 @@ if "google.colab" in sys.modules:
 # ```
 #
 # To read and edit interactively, `make lab` opens the book in JupyterLab (right-click a `.py`
-# chapter → *Open With → Notebook*). On **Colab**, open a chapter's notebook and run the first
-# cell: it installs the library with `pip` when — and only when — it runs on Colab.
+# chapter → *Open With → Notebook*; jupytext is what makes a `.py` chapter open as a notebook).
+# On **Colab**, upload a chapter's notebook (after `make book`, from `_build/book/`) and run its
+# first cell: it installs the library with `pip` when — and only when — it runs on Colab. Colab
+# has GPUs, so the chapters run there at full size with native Triton kernels.
 
 # %%
 import os
