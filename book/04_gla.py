@@ -79,7 +79,8 @@ a1.set(xlabel="α = exp(g)", ylabel="count", title="gate values")
 a1.legend()
 memory = 1 / (1 - g16.exp())                                  # tokens until a row decays by 1/e (≈)
 a2.hist(memory.flatten().clamp(max=200), bins=60)
-a2.set(xlabel="1 / (1 − α): memory length in tokens", title="τ = 16: slow forgetting")
+a2.set(xlabel="1 / (1 − α): memory length in tokens (≥ 200 in the last bin)",
+       title="τ = 16: slow forgetting")
 plt.show()
 print(f"τ = 16: median α = {g16.exp().median():.3f}, 1%–99%: "
       f"{g16.exp().quantile(0.01):.3f}–{g16.exp().quantile(0.99):.3f}; "
