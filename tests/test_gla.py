@@ -188,3 +188,10 @@ def test_intra_chunk_matrix_bad_inputs(change, match):
         intra_chunk_matrix(*change(q, k, g), sub_chunk_size=8)
     with pytest.raises(InputError, match="sub_chunk_size"):
         intra_chunk_matrix(q, k, g, sub_chunk_size=5)
+
+
+def test_chunk_larger_than_the_sequence():
+    args = testing.make_inputs("gla", B=1, T=10, H=2, K=8, V=8, initial_state=True, seed=12)
+    o, S = chunk.gla(**args, output_final_state=True, chunk_size=4096, sub_chunk_size=16)
+    o_ref, S_ref = reference(args)
+    assert testing.rel_err(o, o_ref) <= 1e-5 and testing.rel_err(S, S_ref) <= 1e-5

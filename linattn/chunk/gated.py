@@ -28,7 +28,9 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)
     mm = _matmul_dtype(inter_dtype, q.dtype)
-    C = chunk_size
+    # Every chunk size gives the same result, so a sequence shorter than one chunk is padded only
+    # to whole sub-chunks (chunk_size=4096 on 10 tokens must not build 4096 × 4096 tiles).
+    C = min(chunk_size, -(-d.T // sub_chunk_size) * sub_chunk_size)
     # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
     qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]
     kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
