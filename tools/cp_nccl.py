@@ -17,9 +17,12 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, no install
 
 import torch  # noqa: E402
 
