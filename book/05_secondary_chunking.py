@@ -64,9 +64,9 @@ torch.manual_seed(0)
 #   **diagonal tiles** are computed elementwise in float32 log space, as in chapter 04 — but now
 #   only $c\times c\times K$ per tile.
 #
-# Chunk level (chapter 04) and sub-chunk level together give the map below (the paper's Figure 3,
-# redrawn): the state carries everything left of the chunk's diagonal block; inside the block,
-# orange tiles are matmuls and red tiles log-space.
+# Chunk level (chapter 04) and sub-chunk level together give the map below (in the spirit of
+# the paper's Figure 3): the state carries everything left of the chunk's diagonal block; inside
+# the block, orange tiles are matmuls and red tiles log space.
 
 # %%
 T_map, C_map, c_map = 48, 16, 4
@@ -131,9 +131,11 @@ assert max(e_tiles, e_lib) < testing.tolerance(torch.float32)
 # $e^{-b_n}$ grows through the whole chunk: with strong gates ($g$ down to −20 per step, as in
 # fast-forgetting Mamba-2 or GLA heads) $-b_n$ passes float32's limit of 88 within a few tokens
 # and the tile becomes $0\cdot\infty$ = NaN. Splitting at the **query sub-chunk's** start keeps
-# both factors $\le 1$ whatever the gates. (A kernel that must put $e^{-b}$ on one side, e.g.
-# the key side relative to a *later* boundary, can still keep it bounded by working relative to
-# the nearest sub-chunk boundary: the exponent then spans at most $c$ gates.)
+# both factors $\le 1$ whatever the gates. (Implementations that precompute one factor per
+# *token* rather than per tile — say $k_n e^{-b_n}$ — must measure it from a boundary close to
+# $n$, such as the start of $n$'s own sub-chunk: the exponent then spans at most $c$ gates
+# instead of a whole chunk. That keeps it finite for realistic gates, though not for −20 per step;
+# the split used here needs no such factor at all.)
 #
 # And if the diagonal tiles were absorbed too — split at their own sub-chunk start — the key side
 # would be $e^{\,b_{r-1} - b_n}$ with $n \ge r$: a *positive* exponent spanning up to $c$ gates,
