@@ -162,7 +162,7 @@ assert (-bg > torch.tensor(65504.0).log()).any()            # fp16 overflows wit
 
 # %% [markdown]
 # In float16 it overflows within a few hundred tokens, in float32 within a few thousand — and
-# with strong gates (log-decays of −20 per step) within five tokens. The parallel form in log
+# with strong gates (log-decays down to −20 per step) within about ten tokens. The parallel form in log
 # space avoids the overflow but has a quieter problem in float32: $b_t$ is a sum over the
 # *whole* sequence, and $b_t - b_j$ loses the digits $b_t$ needed for its magnitude. Its error
 # grows with $T$ under strong gates — past float32's tolerance of $10^{-5}$ within a few hundred
