@@ -18,6 +18,20 @@ import triton.language as tl
 from .. import device  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
 from ..validate import InputError
 
+
+
+def _check_import_order() -> None:
+    # Triton decides interpreter vs compiler per @triton.jit function when it is defined, and
+    # triton.language defines some of its own (tl.zeros, tl.cdiv, …) on import. Imported before
+    # TRITON_INTERPRET=1 was set, those stay compiled-only and every kernel fails on the CPU with
+    # "Cannot call @triton.jit'd outside of the scope of a kernel". Say what to do instead.
+    if device.triton_mode() == "interpreter" and type(tl.zeros).__name__ != "InterpretedFunction":
+        raise ImportError("triton was imported before linattn on a machine without a GPU, so Triton's "
+                          "interpreter mode is only half on. Import linattn first (it sets "
+                          "TRITON_INTERPRET=1), or set TRITON_INTERPRET=1 before starting Python.")
+
+
+_check_import_order()
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
