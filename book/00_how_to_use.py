@@ -50,7 +50,7 @@ if "google.colab" in sys.modules:
 # chapter → *Open With → Notebook*; jupytext is what makes a `.py` chapter open as a notebook).
 # On **Colab**, upload a chapter's notebook (after `make book`, from `_build/book/`) and run its
 # first cell: it installs the library with `pip` when — and only when — it runs on Colab. Colab
-# has GPUs, so the chapters run there at full size with native Triton kernels.
+# offers GPU runtimes: there the chapters run at full size with native Triton kernels.
 
 # %%
 import os

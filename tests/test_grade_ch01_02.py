@@ -130,6 +130,23 @@ SYMPTOM = {
 }
 
 
+# The diagnosis a failing answer gets (the catalog's own written-out mistakes must recognise these
+# independently written ones); None: no diagnosis may be given.
+DIAGNOSIS = {
+    "no scale": "forget the scale",
+    "ignores the scale argument": "ignore the `scale` argument",
+    "ignores initial_state": "ignore `initial_state`",
+    "reads the state before the update": "read the state before adding k_tᵀ v_t",
+    "strict mask (no diagonal)": "read the state before adding k_tᵀ v_t",
+    "no mask": "leave out the causal mask",
+    "final state misses S_0": "leave S_0 out of the final state",
+    "reads the state after the chunk's update": "read the state after adding the chunk's Kᵀ V",
+    "final state before the last chunk": "return the state from before the last chunk",
+    ("ch01.parallel", "mask includes the future"): "let each token see the later ones",
+    ("ch02.chunkwise", "mask includes the future"): "mask the chunk with the upper triangle",
+}
+
+
 def grade(name, fn, seed):
     return check(name, fn, seed=seed, record=False, quiet=True)
 
@@ -160,6 +177,22 @@ def test_mistake_is_rejected_with_a_useful_verdict(name, bug):
         assert expected in r.message, r.message
         if expected == "relative error":
             assert "worst at" in r.message and "hint:" in r.message, r.message
+        diagnosis = DIAGNOSIS.get((name, bug), DIAGNOSIS.get(bug))
+        if diagnosis is None:
+            assert "diagnosis:" not in r.message, r.message
+        else:
+            assert f"diagnosis: your result matches what you get if you {diagnosis}" in r.message, r.message
+
+
+def test_a_broken_diagnosis_never_hides_the_verdict():
+    from dataclasses import replace
+
+    def broken(q, k, v, **kw):
+        raise RuntimeError("diagnosis bug")
+
+    ex = replace(catalog.get("ch01.recurrent"), diagnoses=(("crash", broken),))
+    r = check(ex, partial(recurrent, bug="no scale"), seed=0, record=False, quiet=True)
+    assert not r.passed and "relative error" in r.message and "diagnosis" not in r.message
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

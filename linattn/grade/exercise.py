@@ -33,6 +33,9 @@ class Exercise:
     unlocks: Optional[tuple] = None     # (op, level) the reader's passed version may stand in for
     hint: str = ""                      # one line shown when the answer is wrong
     outputs: tuple = ()                 # names of the returned values, e.g. ("o", "final_state")
+    # Known mistakes, written out: (what the mistake is, function making it). A wrong answer whose
+    # outputs all match one of them is told which, e.g. "reads S before adding k_tᵀ v_t".
+    diagnoses: tuple = ()
 
     @property
     def ground_truth(self) -> Callable:

@@ -98,9 +98,34 @@ def _grade_case(ex: Exercise, fn, case: Case):
         label = ex.outputs[j] if j < len(ex.outputs) else f"output {j}"
         problem, err = _compare(label, g, e, t, tol)
         if problem:
-            return problem, err
+            return problem + _diagnose(ex, case, got, truth, tol), err
         worst = max(worst, err)
     return None, worst
+
+
+def _diagnose(ex: Exercise, case: Case, got, truth, tol) -> str:
+    """Name the known mistake whose outputs the reader's answer reproduces, if there is one.
+
+    A mistake that gives the right answer on this case (e.g. ignoring `scale` when the case
+    passes none) says nothing about the reader's error and is skipped.
+    """
+    for what, mistake in ex.diagnoses:
+        try:
+            made = _as_tuple(mistake(*case.args, **{n: _clone(a) for n, a in case.kwargs.items()}))
+        except Exception:  # noqa: BLE001  (a broken diagnosis must never hide the verdict)
+            continue
+        if len(made) != len(got) or all(_same(m, t, tol) for m, t in zip(made, truth)):
+            continue
+        if all(_same(g, m, tol) for g, m in zip(got, made)):
+            return f"\n   diagnosis: your result matches what you get if you {what}"
+    return ""
+
+
+def _same(got, made, tol) -> bool:
+    if got is None or made is None:
+        return got is made
+    return (isinstance(got, torch.Tensor) and got.shape == made.shape
+            and testing.rel_err(got, made) <= tol)
 
 
 def _compare(label, got, expect, truth, tol):
