@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn import InputError, chunk, naive, testing, validate
+from linattn import InputError, naive, testing, validate
 from linattn.device import pick
 
 print(linattn.device.describe())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from linattn import affine, outputs
-from linattn.chunk.delta import chunk_gates, decayed_scores, from_chunks, to_chunks
+from linattn import outputs
+from linattn.chunk.delta import decayed_scores, from_chunks, to_chunks
 from linattn.decay import key_decay, query_decay, total_decay
 from linattn.grade import check, reference, workbook
 
