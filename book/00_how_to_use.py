@@ -127,8 +127,10 @@ print("impl='auto' ran:", linattn.which("linear_attn"))
 # `check` calls your function on fresh random inputs every time (several shapes, lengths that
 # change, an initial state, low-precision inputs, …), compares with the float64 ground truth, and
 # prints a verdict. It never crashes the notebook: an exception, a wrong shape or dtype, a NaN or
-# a too-large error all become a message that says which case, where, and a hint. Outputs that
-# your function never writes are filled with NaN in the grader, so they cannot pass by luck.
+# a too-large error all become a message that says which case, where, and a hint. When your
+# result reproduces one of the usual mistakes (a mask off by one, a forgotten scale, an ignored
+# initial state, …), the verdict names it as a *diagnosis*. Outputs that your function never
+# writes are filled with NaN in the grader, so they cannot pass by luck.
 #
 # So that this demonstration does not touch *your* progress, it uses a temporary progress
 # directory (more on `LINATTN_HOME` below).
@@ -150,7 +152,7 @@ def forgot_the_scale(q, k, v, *, scale=None, initial_state=None, output_final_st
 
 
 verdict = check("ch01.recurrent", forgot_the_scale)
-assert not verdict.passed
+assert not verdict.passed and "diagnosis" in verdict.message
 
 # %% [markdown]
 # And the library's reference, which passes (the seed changes every time; the verdict names it

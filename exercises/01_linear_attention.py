@@ -31,7 +31,7 @@ if "google.colab" in sys.modules:
 # without the final state) and compares your result with the float64 ground truth by relative
 # error ‖yours − truth‖ / ‖truth‖. Outputs you never write are NaN in the grader, so they are
 # found. When something is wrong, the verdict names the case, the output, the worst position and
-# a hint. Run the whole workbook from a shell with
+# a hint — and, if your result reproduces one of the usual mistakes, a diagnosis naming it. Run the whole workbook from a shell with
 # `python -m linattn.grade exercises/01_linear_attention.py` to get a score table.
 
 # %%
