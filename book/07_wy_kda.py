@@ -291,6 +291,15 @@ for trial in range(3):
     err = testing.rel_err(M @ S_any + Bm, S_end)
     print(f"M S + B vs recurrence: {err:.1e}")
     assert err < 1e-12
+# the output formula O = P S + O₀, with P and O₀ from the library's chunk maps of this one chunk
+q = torch.randn(C, K, generator=gen, dtype=torch.float64)
+one = lambda x: x[None, :, None]                                     # [C, …] → [1, C, 1, …]
+maps, _ = affine.chunk_maps("kda", one(q), one(k), one(v), one(g), beta[None, :, None], chunk_size=C)
+S_any = torch.randn(K, V, dtype=torch.float64)
+o_tok, _ = naive.kda(one(q), one(k), one(v), one(g), beta[None, :, None], initial_state=S_any[None, None])
+err = testing.rel_err(maps.P[0, 0, 0] @ S_any + maps.O0[0, 0, 0], o_tok[0, :, 0])
+print(f"O = P S + O₀ vs recurrence outputs: {err:.1e}")
+assert err < 1e-12
 ev = torch.linalg.eigvals(M).abs().max().item()
 print(f"spectral radius of M: {ev:.3f} (≤ 1: the chunk never amplifies the state)")
 assert ev <= 1 + 1e-9
