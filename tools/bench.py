@@ -57,7 +57,7 @@ def check(op, args, fn):
     return testing.rel_err(o, ref)
 
 
-def suite_anchors(Ts, log, size, all_levels=False):
+def suite_anchors(Ts, log, size, all_levels=False, save=None):
     rows, ops = [], triton_ops()
     missing = [op for op in bench.OPS if op not in ops]
     for T in Ts:
@@ -73,11 +73,16 @@ def suite_anchors(Ts, log, size, all_levels=False):
                     row[level] = None
                     continue
                 fn = call_for(op, level, args)
-                if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
-                    row[f"rel_err_{level}"] = check(op, args, fn)
-                row[level] = bench.median_ms(fn)
+                try:
+                    if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
+                        row[f"rel_err_{level}"] = check(op, args, fn)
+                    row[level] = bench.median_ms(fn)
+                except Exception as exc:  # a kernel that fails to compile or run: record it, go on
+                    row[level], row[f"error_{level}"] = None, f"{type(exc).__name__}: {exc}"[:300]
             row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] else None
             rows.append(row)
+            if save:
+                save({"rows": rows, "notes": []})
             log(f"T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()
                                               if isinstance(v, float)))
             del args
@@ -99,12 +104,16 @@ def suite_chunks(T, chunk_sizes, log, size):
     rows = []
     for C in chunk_sizes:
         c = min(16, C)
-        total = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
-                                                   sub_chunk_size=c, mode="states"))
-        fused = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
-                                                   sub_chunk_size=c, mode="fused"))
-        inter = bench.median_ms(lambda: gated.chunk_states(k, v, gated.local_cumsum(g, C), gated.DIM_GATE,
-                                                           d, chunk_size=C))
+        try:
+            total = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
+                                                       sub_chunk_size=c, mode="states"))
+            fused = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
+                                                       sub_chunk_size=c, mode="fused"))
+            inter = bench.median_ms(lambda: gated.chunk_states(k, v, gated.local_cumsum(g, C), gated.DIM_GATE,
+                                                               d, chunk_size=C))
+        except Exception as exc:  # e.g. out of shared memory at C = 256: record it, go on
+            log(f"chunks C={C}: {type(exc).__name__}: {exc}"[:300])
+            continue
         rows.append({"C": C, "c": c, "total": total, "inter": inter, "intra": total - inter, "fused": fused})
         log(f"chunks T={T} C={C}: total={total:.3g} inter={inter:.3g} intra={total - inter:.3g} fused={fused:.3g}")
     return {"T": T, "B": q.shape[0], "rows": rows}
@@ -119,7 +128,10 @@ def suite_resources(log, size):
         args = bench.anchor_inputs(op, min(4096, size["tokens"]), **size)
         for mode in ("fused", "states"):
             gated.last_launch.clear()
-            bench.library_call(op, "triton", args, mode=mode)()
+            try:
+                bench.library_call(op, "triton", args, mode=mode)()
+            except Exception as exc:
+                log(f"resources {op} {mode}: {type(exc).__name__}: {exc}"[:300])
             for name, kern in gated.last_launch.items():
                 meta = getattr(kern, "metadata", None)
                 out.append({"op": op, "mode": mode, "kernel": name, "n_regs": getattr(kern, "n_regs", None),
@@ -141,6 +153,9 @@ def markdown(res) -> str:
         parts.append(f"Forward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} tokens:\n\n" +
                      bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
         errs = [f"{r['op']} T={r['T']} {k[8:]}: {v:.2e}" for r in rows for k, v in r.items() if k.startswith("rel_err")]
+        fails = [f"{r['op']} T={r['T']} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
+        if fails:
+            parts.append("Failures:\n" + "\n".join(f"- {f}" for f in fails))
         parts.append("\n".join(f"- {n}" for n in res["anchors"]["notes"]) +
                      "\n- relative error vs the chunk level (float32) on the same bf16 inputs: " + "; ".join(errs))
     if "chunks" in res:
@@ -196,7 +211,9 @@ def main(argv=None):
     res = {"env": bench.environment(), "size": {n: x for n, x in size.items() if n != "device"}}
     with value_checks(False):
         if a.suite in ("anchors", "all"):
-            res["anchors"] = suite_anchors(a.T, log, size, a.all_levels)
+            def partial(anchors):
+                bench.save_json(out / "bench.json", {**res, "anchors": anchors})
+            res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial)
             bench.save_json(out / "bench.json", res)
             plot(res, out / "bench.png")
         if a.suite in ("chunks", "all"):
