@@ -387,7 +387,7 @@ plt.show()
 # result.
 
 # %%
-steps, Hd, Kd, Vd = pick(cpu=512, gpu=4096), 16, 128, 128   # a typical layer: 16 heads of 128
+steps, Hd, Kd, Vd = pick(cpu=384, gpu=4096), 16, 128, 128   # a typical layer: 16 heads of 128
 dev = linattn.device.default_device()
 qs, ks, vs = (torch.randn(steps, Hd, D, device=dev) for D in (Kd, Kd, Vd))
 cache_k = torch.empty(0, Hd, Kd, dtype=torch.bfloat16, device=dev)   # KV caches are usually bf16
