@@ -101,3 +101,18 @@ def test_device_rule():
             lt.linear_attn(**args)
     else:
         assert_close(args, *run(args, chunk_size=16))
+
+
+def test_import_order_is_explained():
+    """triton imported before linattn on a CPU machine: a clear ImportError, not a failure deep in a kernel."""
+    import os
+    import subprocess
+    import sys
+
+    env = {n: x for n, x in os.environ.items() if n != "TRITON_INTERPRET"}
+    code = "import triton.language\nimport linattn.triton\nprint('imported')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if device.has_cuda():
+        assert r.returncode == 0 and "imported" in r.stdout, r.stderr
+    else:
+        assert r.returncode != 0 and "Import linattn first" in r.stderr
