@@ -11,7 +11,7 @@ DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # B, T, H, K, V, chunk_size: T not a multiple of C, K != V; bigger on a GPU.
 SHAPES = device.pick(
-    cpu=[(1, 83, 2, 32, 48, 32), (2, 20, 1, 16, 16, 16)],
+    cpu=[(1, 83, 2, 32, 48, 32), (2, 20, 1, 20, 16, 16)],   # K = 20: not a power of two
     gpu=[(2, 300, 3, 128, 96, 64), (1, 1000, 2, 64, 128, 128), (3, 77, 2, 16, 32, 16)],
 )
 # K, V up to 256: on the GPU only, the interpreter takes minutes at that width.
