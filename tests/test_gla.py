@@ -82,15 +82,18 @@ def test_long_sequence_strong_gates(gate):
     assert testing.rel_err(S, S_ref) <= testing.tolerance(torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("value", [-1e4, -20.0, 0.0])
-def test_extreme_constant_gates(value):
+def test_extreme_constant_gates(value, dtype):
     """−1e4 forgets everything at once; 0 is plain linear attention (checked against it too)."""
-    args = testing.make_inputs("gla", B=1, T=45, H=2, K=8, V=4, initial_state=True, seed=2)
+    args = testing.make_inputs("gla", B=1, T=45, H=2, K=8, V=4, dtype=dtype, initial_state=True, seed=2)
     args["g"] = torch.full_like(args["g"], value)
-    o, S = chunk.gla(**args, output_final_state=True, chunk_size=16, sub_chunk_size=4)
+    with testing.poisoned():
+        o, S = chunk.gla(**args, output_final_state=True, chunk_size=16, sub_chunk_size=4)
     o_ref, S_ref = reference(args)
-    assert testing.rel_err(o, o_ref) <= 1e-5 and testing.rel_err(S, S_ref) <= 1e-5
-    if value == 0.0:
+    tol = testing.tolerance(dtype)
+    assert testing.rel_err(o, o_ref) <= tol and testing.rel_err(S, S_ref) <= tol
+    if value == 0.0 and dtype == torch.float32:
         lin = chunk.linear_attn(args["q"], args["k"], args["v"], initial_state=args["initial_state"],
                                 output_final_state=True, chunk_size=16)
         assert testing.rel_err(o, lin[0]) <= 1e-5 and testing.rel_err(S, lin[1]) <= 1e-5
@@ -195,3 +198,18 @@ def test_chunk_larger_than_the_sequence():
     o, S = chunk.gla(**args, output_final_state=True, chunk_size=4096, sub_chunk_size=16)
     o_ref, S_ref = reference(args)
     assert testing.rel_err(o, o_ref) <= 1e-5 and testing.rel_err(S, S_ref) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dimensions_that_never_forget_beside_ones_that_forget_at_once(dtype):
+    """Per-dimension gates mixing 0 (keep forever) and −20 (forget now) in one head: the decays
+    span the whole float range inside a single chunk and sub-chunk."""
+    args = testing.make_inputs("gla", B=1, T=100, H=2, K=16, V=8, dtype=dtype, initial_state=True, seed=13)
+    gen = torch.Generator().manual_seed(13)
+    keep = torch.rand(args["g"].shape, generator=gen) < 0.5
+    args["g"] = torch.where(keep, torch.zeros(()), -20 * torch.rand(args["g"].shape, generator=gen))
+    with testing.poisoned():
+        o, S = chunk.gla(**args, output_final_state=True, chunk_size=32, sub_chunk_size=8)
+    o_ref, S_ref = reference(args)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, S_ref) <= testing.tolerance(dtype)
