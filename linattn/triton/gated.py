@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, interpreting, num_sms
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
