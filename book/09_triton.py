@@ -381,9 +381,9 @@ def live_modes():
 pick(cpu=lambda: print("CPU: no live timing (see the recorded table above)"), gpu=live_modes)()
 
 # %% [markdown]
-# In the recorded run at $T = 1024$ ($B = 32$, so $B\cdot H = 512$ programs already fill the GPU)
-# the fused kernel took 0.21 ms against FLA's 0.37 ms, and materialising the states cost
-# 0.19 ms more: with enough (batch, head) pairs there is nothing to gain from extra parallelism,
+# In the first recorded run (H200, 2026-11-21) at $T = 1024$ ($B = 32$, so $B\cdot H = 512$
+# programs already fill the GPU) the fused kernel took 0.21 ms against FLA's 0.37 ms, and
+# materialising the states cost 0.19 ms more: with enough (batch, head) pairs there is nothing to gain from extra parallelism,
 # and writing $N_T$ states of $128\times128$ per head is pure extra traffic. The chunk level —
 # chapter 02's loop of PyTorch matmuls — took 5.5 ms: that is the cost of one launch per small
 # product. Longer sequences at fixed $B\cdot T$ shrink $B$, and then the trade-off turns; chapter 10

@@ -263,7 +263,7 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # grid alone covers the GPU's multiprocessors, else states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
-# shows the recorded H200 run (`book/data/`). **Caveat, stated by the recording:** the first
+# shows the recorded H200 run (`book/data/`). **Caveat, at the time of writing:** the first
 # recorded run stopped after $T = 1024$, and its per-dimension GLA numbers are from the first
 # version of this kernel, whose secondary chunking ran inside the output loop (13.5 ms, 10× FLA);
 # the kernel you just ran moved it into `_intra_kernel` and has not been timed on a GPU yet.
