@@ -47,7 +47,7 @@ def test_matches_float64_recurrence(gate, dtype, mode):
 
 
 @pytest.mark.parametrize("mode", ["fused", "states"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gate", ["per_dim", "per_head"])
 def test_strong_gates_stay_finite(gate, dtype, mode):
     # log-gates down to −20 per step: e^{b} of a whole chunk is far below float32's range
