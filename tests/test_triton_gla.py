@@ -106,3 +106,29 @@ def test_bad_gates():
         lt.gla(**{**args, "g": args["g"][..., :4]})
     with pytest.raises(InputError, match="q has dtype torch.float64"):
         lt.gla(**{n: a.double() for n, a in args.items()})
+
+
+def test_bench_script_checks_what_it_times(tmp_path):
+    """tools/bench.py end to end at toy size: every row timed and checked against the chunk level."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    size = device.pick(cpu=["--tokens", "64", "--heads", "1", "--dim", "16", "--T", "32", "64"],
+                       gpu=["--tokens", "4096", "--heads", "2", "--dim", "64", "--T", "1024", "2048"])
+    r = subprocess.run([sys.executable, str(root / "tools" / "bench.py"), "--suite", "anchors", "--ops",
+                        "linear_attn", "gla", "simple_gla", "--out", str(tmp_path), *size],
+                       capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "bench.json").read_text())
+    rows = res["anchors"]["rows"]
+    assert {(row["op"], row["T"]) for row in rows} == {(op, int(T)) for op in ("linear_attn", "gla", "simple_gla")
+                                                         for T in size[-2:]}
+    for row in rows:
+        assert not any(k.startswith("error_") for k in row), row
+        assert all(row[lv] > 0 for lv in ("triton", "triton:fused", "triton:states", "sdpa"))
+        errs = [v for k, v in row.items() if k.startswith("rel_err_")]
+        assert len(errs) == 3 and max(errs) <= testing.tolerance(torch.bfloat16), row
+    assert (tmp_path / "bench.md").exists() and (tmp_path / "bench.png").exists()

@@ -57,9 +57,9 @@ def check(op, args, fn):
     return testing.rel_err(o, ref)
 
 
-def suite_anchors(Ts, log, size, all_levels=False, save=None):
-    rows, ops = [], triton_ops()
-    missing = [op for op in bench.OPS if op not in ops]
+def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
+    rows, ops = [], [op for op in triton_ops() if not only or op in only]
+    missing = [op for op in bench.OPS if op not in triton_ops() and (not only or op in only)]
     for T in Ts:
         sd = bench.median_ms(bench.sdpa_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
                                              device=size["device"]))
@@ -196,6 +196,7 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128, help="K = V")
     p.add_argument("--all-levels", action="store_true", help="time the chunk level at every T too")
+    p.add_argument("--ops", nargs="*", choices=list(bench.OPS), help="only these ops (default: all)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
@@ -213,7 +214,7 @@ def main(argv=None):
         if a.suite in ("anchors", "all"):
             def partial(anchors):
                 bench.save_json(out / "bench.json", {**res, "anchors": anchors})
-            res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial)
+            res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial, only=a.ops)
             bench.save_json(out / "bench.json", res)
             plot(res, out / "bench.png")
         if a.suite in ("chunks", "all"):
