@@ -188,9 +188,9 @@ for op, lib in [("linear_attn", chunk.linear_attn), ("gla", chunk.gla), ("delta_
 # logarithmic depth. Blelloch's scan (an up-sweep and a down-sweep over a tree) gets work back to
 # about $2N$ at depth $2\log_2 N$. A composition costs a $K\times K$ by $K\times(K+V)$ matmul, which is
 # more than the fold's $K\times K$ by $K\times V$ "apply" and far more than chapter 07's
-# $\tilde V = U - WS$ pass — so on one GPU the sequential chunk loop with a few hundred chunks usually
-# wins, and the scan pays off when the *depth* is what hurts: very long sequences, few heads,
-# or chunks spread over devices. Counting the compositions our `prefix_scan` performs:
+# $\tilde V = U - WS$ pass — so in total work the sequential chunk loop is the cheapest, and the
+# scan pays off only when the *depth* is what hurts: very long sequences with few heads (too
+# little parallel work per step to fill a GPU), or chunks spread over devices (§5). Counting the compositions our `prefix_scan` performs:
 
 # %%
 Ns = [2 ** p for p in range(1, 13)]
@@ -272,7 +272,8 @@ for op, e in errors.items():
 # What is communicated does not grow with the sequence: $R$ pairs of $K\times K$ and $K\times V$
 # per head. What *is* extra is step 1's prefix scan of $K\times K$ maps (the ordinary chunk loop
 # only needs $\tilde V = U - WS$ per chunk) — the price of not knowing $S_r$ in advance. For linear
-# attention and GLA, $M$ is diagonal and that price is small; for the delta rule $M$ is dense.
+# attention and GLA $M$ is diagonal, so that price could be small (our implementation keeps every
+# $M$ dense, for one code path); for the delta rule $M$ is dense.
 
 # %% [markdown]
 # ## 6. SM parallelism: the same algebra on one device
