@@ -150,9 +150,9 @@ def run(op, *args, scale=None, initial_state=None, output_final_state=False, chu
     """`op` through its chunk maps: states by 'scan' (parallel prefix) or 'fold' (sequential)."""
     if method not in ("scan", "fold"):
         raise InputError(f"method must be 'scan' or 'fold', got {method!r}")
+    validate(op, *split_args(op, args), scale, initial_state)         # initial_state too, first
     maps, d = chunk_maps(op, *args, scale=scale, chunk_size=chunk_size)
     q, v = args[0], args[2]
-    validate(op, *split_args(op, args), scale, initial_state)         # checks initial_state too
     S0 = initial(initial_state, d, q.device)
     if method == "fold":
         entering, final = fold(maps.M, maps.B, S0)

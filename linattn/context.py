@@ -81,8 +81,8 @@ def context_parallel(op, *args, scale=None, initial_state=None, output_final_sta
         raise InputError("group: context_parallel needs torch.distributed initialised "
                          "(dist.init_process_group) on every rank")
     q, v = args[0], args[2]
+    affine.validate(op, *affine.split_args(op, args), scale, initial_state)  # before any work
     local, d = local_pass(op, args, scale=scale, chunk_size=chunk_size)
-    affine.validate(op, *affine.split_args(op, args), scale, initial_state)
     M_r, B_r = (x.contiguous() for x in local.total)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     Ms = [torch.empty_like(M_r) for _ in range(world)]
