@@ -180,6 +180,17 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _f32(a, b, IEEE: tl.constexpr):
+    """a @ b of float32 tiles kept near float32 accuracy: exact IEEE products for float32 inputs
+    (and always under the interpreter); otherwise three tf32 tensor-core products (tf32x3), since
+    plain tf32 would round the scores to 10 bits and IEEE on the GPU runs on the FMA units with
+    operand tiles replicated across threads (measured: spills in the inverse)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, input_precision="tf32x3")
+
+
+@triton.jit
 def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr,
                 C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     """Per-dimension decayed scores of one chunk, without β and scale:
@@ -226,10 +237,10 @@ def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr
             Dq = tl.where(r[None, :] == jj, tl.sum(Qs * wj, axis=1)[:, None], Dq)
         Da = tl.where(r[:, None] > r[None, :], Da, 0.0)
         Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0)
-        # place the block at rows/columns 16 s … 16 s + 15: P Dₛ Pᵀ with a 0/1 matrix P, exact in IEEE
+        # place the block at rows/columns 16 s … 16 s + 15: P Dₛ Pᵀ with a 0/1 matrix P
         P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
-        A += dot(P, dot(Da, tl.trans(P), True), True)
-        Aqk += dot(P, dot(Dq, tl.trans(P), True), True)
+        A += _f32(P, _f32(Da, tl.trans(P), IEEE), IEEE)
+        Aqk += _f32(P, _f32(Dq, tl.trans(P), IEEE), IEEE)
     return A, Aqk
 
 
@@ -247,23 +258,23 @@ def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.const
     Dinv = tl.zeros((C, C), dtype=tl.float32)
     for s in tl.static_range(NB):
         P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
-        R = -dot(tl.trans(P), dot(A, P, True), True)                              # [16, 16] −Aₛ
+        R = -_f32(tl.trans(P), _f32(A, P, IEEE), IEEE)                              # [16, 16] −Aₛ
         # row i of R = Dₛ⁻¹ − I is R_i = −A_i − Σ_m A_im R_m: rows above i are final already
-        for i in tl.static_range(1, 16):
+        for i in range(1, 16):
             a = tl.sum(tl.where(r[:, None] == i, R, 0.0), axis=0)                 # [16] row i
             a = a + tl.sum(a[:, None] * R, axis=0)
             R = tl.where(r[:, None] == i, a[None, :], R)
         R = tl.where(r[:, None] == r[None, :], 1.0, R)
-        Dinv += dot(P, dot(R, tl.trans(P), True), True)
+        Dinv += _f32(P, _f32(R, tl.trans(P), IEEE), IEEE)
     if NB == 1:
         return Dinv
     N = tl.where((rows[:, None] // 16) > (rows[None, :] // 16), A, 0.0)
-    X = dot(Dinv, N, IEEE)
+    X = _f32(Dinv, N, IEEE)
     P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0) - X                   # I − X
     for _ in tl.static_range(1, LOG_NB):
-        X = dot(X, X, IEEE)                                                       # X^(2^p)
-        P = P + dot(P, X, IEEE)
-    return dot(P, Dinv, IEEE)
+        X = _f32(X, X, IEEE)                                                       # X^(2^p)
+        P = P + _f32(P, X, IEEE)
+    return _f32(P, Dinv, IEEE)
 
 
 # ---------------------------------------------------------------- the three kernels
@@ -288,7 +299,6 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
                       axis=0)
         tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
         A, Aqk = _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
-        kb = kt * tl.exp(G)
         # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
         # from the end over the gates shifted up one row, not as a difference of prefix sums (which
         # loses the small remainder next to a huge G_i); padded rows have g = 0, so row C−1 is G_C
@@ -300,13 +310,11 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
     else:
         A = _mm(kt, tl.trans(kt), DT, IEEE)                                       # [C, C]
         Aqk = _mm(qt, tl.trans(kt), DT, IEEE)
-        kb = kt
         if GATE == 1:
             G1 = tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
             tl.store(gc + row, G1, mask=tm)
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
             A, Aqk = A * E, Aqk * E
-            kb = kt * tl.exp(G1)[:, None]
             nxt = ((t + 1) < T) & (tl.arange(0, C) < C - 1)
             gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)        # g_{i+1}
             kdec = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]     # e^{G_C − G_i}
@@ -320,7 +328,14 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
     A = A * bt[:, None]                                                           # β_i on row i
     tl.store(aqk + row[:, None] * C + j, (Aqk * scale).to(aqk.dtype.element_ty), mask=tm[:, None])
     Tinv = _unit_lower_inverse(A, C, LOG_NB, IEEE)
-    Wt = _mm(Tinv, kb * bt[:, None], DT, IEEE)                                    # [C, BK]
+    # β K ⊙ e^G, re-read rather than kept: [C, K] tiles alive through the inverse would spill
+    kb = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32) * bt[:, None]
+    if GATE == 2:
+        kb = kb * tl.exp(tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk,
+                                           other=0.0).to(tl.float32), axis=0))
+    elif GATE == 1:
+        kb = kb * tl.exp(tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0))[:, None]
+    Wt = _mm(Tinv, kb, DT, IEEE)                                                  # [C, BK]
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
     for v0 in range(0, V, BV):
         dv = v0 + tl.arange(0, BV)
