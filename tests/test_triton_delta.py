@@ -22,9 +22,10 @@ SHAPES = [
     ("kda", "per_dim", 2, 70, 1, 16, 48, 64),
 ]
 if GPU:  # head dimensions of real models, longer sequences, every chunk size
-    SHAPES += [(op, gate, 2, 1000, 4, K, V, C)
-               for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))
-               for K, V, C in ((128, 128, 64), (64, 256, 32), (256, 128, 64), (32, 64, 128))]
+    SHAPES += [(op, gate, 2, 1000, 4, 128, 128, 64)
+               for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))]
+    SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 256, 32), ("delta_rule", None, 1, 700, 3, 256, 128, 64),
+               ("kda", "per_head", 1, 700, 3, 32, 64, 128), ("kda", "per_dim", 1, 300, 2, 256, 256, 64)]
 
 
 def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0):

@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, interpreting, num_sms
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 MAX_HEAD_DIM = 256
@@ -129,7 +129,7 @@ def wy_stage(q, k, v, g, beta, p: Plan) -> dict:
         q, k, v, g if p.gate else q, beta, gc if p.gate else q, w, u, aqk, kd,
         dl if p.gate else q, p.scale, T, p.NT,
         H=H, K=K, V=V, C=C, BK=p.BK, BV=min(block(V), 64), GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        LOG_NB=(C // SUB).bit_length() - 1, num_warps=TUNING["warps_wy"])
+        LOG_NB=(C // SUB).bit_length() - 1, X3=not interpreting(), num_warps=TUNING["warps_wy"])
     return dict(gc=gc, w=w, u=u, aqk=aqk, kd=kd, dl=dl)
 
 
@@ -180,19 +180,22 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _f32(a, b, IEEE: tl.constexpr):
-    """a @ b of float32 tiles kept near float32 accuracy: exact IEEE products for float32 inputs
-    (and always under the interpreter); otherwise three tf32 tensor-core products (tf32x3), since
-    plain tf32 would round the scores to 10 bits and IEEE on the GPU runs on the FMA units with
-    operand tiles replicated across threads (measured: spills in the inverse)."""
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b, input_precision="tf32x3")
+def _f32(a, b, X3: tl.constexpr):
+    """a @ b of float32 tiles (scores, inverse blocks) at about float32 accuracy.
+
+    On the GPU: three tf32 tensor-core products (tf32x3, relative error ~2⁻²¹). Plain tf32 would
+    round to 10 bits; IEEE products run on the FMA units with operand tiles replicated across
+    threads — compiled for sm_90 that spilled and took minutes to compile (docs/perf_notes.md).
+    Under the interpreter (X3 false) the product is exact float32."""
+    if X3:
+        return tl.dot(a, b, input_precision="tf32x3")
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
-def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                X3: tl.constexpr):
     """Per-dimension decayed scores of one chunk, without β and scale:
     A_ij = Σ_d k_id k_jd e^{G_id − G_jd} (i > j) and Aqk_ij = Σ_d q_id k_jd e^{G_id − G_jd} (i ≥ j).
 
@@ -239,13 +242,13 @@ def _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H: tl.constexpr, K: tl.constexpr
         Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0)
         # place the block at rows/columns 16 s … 16 s + 15: P Dₛ Pᵀ with a 0/1 matrix P
         P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
-        A += _f32(P, _f32(Da, tl.trans(P), IEEE), IEEE)
-        Aqk += _f32(P, _f32(Dq, tl.trans(P), IEEE), IEEE)
+        A += _f32(P, _f32(Da, tl.trans(P), X3), X3)
+        Aqk += _f32(P, _f32(Dq, tl.trans(P), X3), X3)
     return A, Aqk
 
 
 @triton.jit
-def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.constexpr):
+def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, X3: tl.constexpr):
     """(I + A)⁻¹ for strictly lower-triangular A [C, C] (float32).
 
     Split I + A = D + N, D its 16×16 diagonal blocks (unit lower), N the blocks below. D⁻¹ comes
@@ -258,31 +261,32 @@ def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, IEEE: tl.const
     Dinv = tl.zeros((C, C), dtype=tl.float32)
     for s in tl.static_range(NB):
         P = tl.where(rows[:, None] == s * 16 + r[None, :], 1.0, 0.0)              # [C, 16]
-        R = -_f32(tl.trans(P), _f32(A, P, IEEE), IEEE)                              # [16, 16] −Aₛ
+        R = -_f32(tl.trans(P), _f32(A, P, X3), X3)                              # [16, 16] −Aₛ
         # row i of R = Dₛ⁻¹ − I is R_i = −A_i − Σ_m A_im R_m: rows above i are final already
         for i in range(1, 16):
             a = tl.sum(tl.where(r[:, None] == i, R, 0.0), axis=0)                 # [16] row i
             a = a + tl.sum(a[:, None] * R, axis=0)
             R = tl.where(r[:, None] == i, a[None, :], R)
         R = tl.where(r[:, None] == r[None, :], 1.0, R)
-        Dinv += _f32(P, _f32(R, tl.trans(P), IEEE), IEEE)
+        Dinv += _f32(P, _f32(R, tl.trans(P), X3), X3)
     if NB == 1:
         return Dinv
     N = tl.where((rows[:, None] // 16) > (rows[None, :] // 16), A, 0.0)
-    X = _f32(Dinv, N, IEEE)
+    X = _f32(Dinv, N, X3)
     P = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0) - X                   # I − X
     for _ in tl.static_range(1, LOG_NB):
-        X = _f32(X, X, IEEE)                                                       # X^(2^p)
-        P = P + _f32(P, X, IEEE)
-    return _f32(P, Dinv, IEEE)
+        X = _f32(X, X, X3)                                                       # X^(2^p)
+        P = P + _f32(P, X, X3)
+    return _f32(P, Dinv, X3)
 
 
 # ---------------------------------------------------------------- the three kernels
 
 @triton.jit
-def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, LOG_NB: tl.constexpr):
+               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, LOG_NB: tl.constexpr,
+               X3: tl.constexpr):
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -298,7 +302,7 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
         G = tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
                       axis=0)
         tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
-        A, Aqk = _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE)
+        A, Aqk = _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE, X3)
         # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
         # from the end over the gates shifted up one row, not as a difference of prefix sums (which
         # loses the small remainder next to a huge G_i); padded rows have g = 0, so row C−1 is G_C
@@ -327,7 +331,7 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
         tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, dlast, mask=dk < K)
     A = A * bt[:, None]                                                           # β_i on row i
     tl.store(aqk + row[:, None] * C + j, (Aqk * scale).to(aqk.dtype.element_ty), mask=tm[:, None])
-    Tinv = _unit_lower_inverse(A, C, LOG_NB, IEEE)
+    Tinv = _unit_lower_inverse(A, C, LOG_NB, X3)
     # β K ⊙ e^G, re-read rather than kept: [C, K] tiles alive through the inverse would spill
     kb = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32) * bt[:, None]
     if GATE == 2:
@@ -346,7 +350,7 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H: tl.cons
 
 
 @triton.jit
-def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                   HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
@@ -381,7 +385,7 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H: tl.constexpr, K: tl.
 
 
 @triton.jit
-def _output_kernel(q, gc, hs, aqk, vnew, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _output_kernel(q, gc, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     iv, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
