@@ -193,8 +193,10 @@ print(f"block inverse vs torch.linalg.inv: {err:.2e}")
 assert err < 1e-12
 
 # %% [markdown]
-# The kernel does exactly this on registers, in float32 (exact IEEE products for float32 inputs,
-# tf32 tensor cores otherwise), then two more dots give $W = \mathcal T(\beta\,K\odot e^{G})$ and
+# The kernel does exactly this on registers, in float32: on the GPU each $C\times C$ product runs
+# on the tensor cores as three tf32 products (`input_precision="tf32x3"`, about float32 accuracy;
+# plain tf32 would keep 10 bits), under the interpreter as exact float32. Then two more dots give
+# $W = \mathcal T(\beta\,K\odot e^{G})$ and
 # $U = \mathcal T(\beta V)$. Run stage 1 alone and compare its factors with the chunk level's
 # (`linattn.chunk.delta.factors`, float64 here):
 
@@ -382,6 +384,13 @@ for st in rec.get("stages", []):
 # matrix through exact dots with 0/1 matrices. If the recorded run above still names commit
 # `8c12ca0`, it timed that first version (`docs/perf_notes.md` has the details); the interpreter
 # can check correctness, but only the GPU can say what a register layout costs.
+#
+# Between GPU runs, one cost can still be seen on a CPU: Triton compiles for a GPU it does not
+# have (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
+# `cuobjdump --dump-resource-usage` on the cubin reports registers and spill stack. That is how
+# the IEEE float32 products of the inverse were found to cost an 81 KB spill stack and minutes of
+# compilation (they run on the FMA units with operand tiles copied across threads), and replaced
+# by `tf32x3` tensor-core products.
 
 # %% [markdown]
 # ## Summary
