@@ -231,9 +231,7 @@ for name, ours, ref in [("W", wy["w"], cdelta.from_chunks(f.W, T)),
 
 # %%
 for Bn, Tn in [(32, 1024), (8, 4096), (2, 16384), (1, 32768)]:
-    for bv in (64, 32, 16):
-        if Bn * 16 * (128 // bv) >= 132 or bv == 16:
-            break
+    bv = tdelta.state_block(128, Bn * 16, sms=132)          # as on an H200
     print(f"B={Bn:2d} T={Tn:5d}: B·H={Bn * 16:4d} heads → B_V={bv:2d}, {Bn * 16 * 128 // bv:4d} "
           f"state-pass programs, {Tn // 64} chunks each")
 

@@ -44,15 +44,16 @@ MAX_HEAD_DIM = 256
 TUNING = dict(bv_state=None, bv_out=64, warps_wy=4, warps_state=4, warps_out=4, stages_state=2)
 
 
-def state_block(V, BH):
+def state_block(V, BH, sms=None):
     """V-block of the state pass: the widest of 64, 32, 16 that still gives every SM a program.
 
     B·H·⌈V/BV⌉ programs walk the chunks in order; with one sequence of 16 heads, 64-wide blocks
-    leave most of an H200's 132 SMs idle (docs/perf_notes.md)."""
+    leave most of an H200's 132 SMs idle (docs/perf_notes.md). `sms`: this GPU's by default."""
     if TUNING["bv_state"]:
         return min(block(V), TUNING["bv_state"])
+    sms = num_sms() if sms is None else sms
     for bv in (64, 32):
-        if BH * triton.cdiv(V, min(block(V), bv)) >= num_sms():
+        if BH * triton.cdiv(V, min(block(V), bv)) >= sms:
             return min(block(V), bv)
     return 16
 
