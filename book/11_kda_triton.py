@@ -74,7 +74,7 @@ DEV = linattn.device.default_device()
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
-# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$ |
+# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$ |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #

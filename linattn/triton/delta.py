@@ -9,7 +9,8 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
     S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
 
 Stage 1, `_wy_kernel`, one program per (chunk, head), fully parallel: G, A, Aqk, T, W, U,
-    and K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials).
+    and K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials)
+    and scale · Q ⊙ e^G for stage 3 (half-precision tiles instead of float32 gates).
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
@@ -115,23 +116,23 @@ def plan(q, g, d, C) -> Plan:
 def wy_stage(q, k, v, g, beta, p: Plan) -> dict:
     """Stage 1, one program per (chunk, head): G, W, U and the scaled causal scores Aqk.
 
-    Returns gc [B,T,H(,K)] (log-decays summed from each chunk start; None without gates),
+    Returns qg [B,T,H,K] = scale · Q ⊙ e^G (None without gates: stage 3 then reads q),
     w [B,T,H,K], u [B,T,H,V], aqk [B,T,H,C] (row t holds its chunk's row of scale·Aqk),
     kd [B,T,H,K] = K ⊙ e^{G_C − G} (k itself without gates) and dl [B,H,NT,K] = e^{G_C}
     (None without gates): what the state pass needs, so its sequential loop has no exponentials."""
     B, T, H, K, V, C = p.B, p.T, p.H, p.K, p.V, p.C
-    gc = outputs.empty(g.shape, dtype=torch.float32, device=p.device) if p.gate else None
+    qg = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else None
     w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
     u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
     aqk = outputs.empty((B, T, H, C), dtype=p.work, device=p.device)
     kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
     dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     _wy_kernel[(p.NT, B * H)](
-        q, k, v, g if p.gate else q, beta, gc if p.gate else q, w, u, aqk, kd,
+        q, k, v, g if p.gate else q, beta, qg if p.gate else q, w, u, aqk, kd,
         dl if p.gate else q, p.scale, T, p.NT,
         H=H, K=K, V=V, C=C, BK=p.BK, BV=min(block(V), 64), GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         LOG_NB=(C // SUB).bit_length() - 1, X3=not interpreting(), num_warps=TUNING["warps_wy"])
-    return dict(gc=gc, w=w, u=u, aqk=aqk, kd=kd, dl=dl)
+    return dict(qg=qg, w=w, u=u, aqk=aqk, kd=kd, dl=dl)
 
 
 def state_stage(wy: dict, h0, p: Plan, output_final_state: bool):
@@ -157,7 +158,7 @@ def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype):
     o = outputs.empty((p.B, p.T, p.H, p.V), dtype=out_dtype, device=p.device)
     BV = min(block(p.V), TUNING["bv_out"])
     _output_kernel[(triton.cdiv(p.V, BV), p.NT, p.B * p.H)](
-        q, wy["gc"] if p.gate else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
+        wy["qg"] if p.gate else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
         H=p.H, K=p.K, V=p.V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         num_warps=TUNING["warps_out"])
     return o
@@ -284,7 +285,7 @@ def _unit_lower_inverse(A, C: tl.constexpr, LOG_NB: tl.constexpr, X3: tl.constex
 # ---------------------------------------------------------------- the three kernels
 
 @triton.jit
-def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H, K: tl.constexpr,
+def _wy_kernel(q, k, v, g, beta, qg, w, u, aqk, kd, dl, scale, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, LOG_NB: tl.constexpr,
                X3: tl.constexpr):
@@ -302,7 +303,9 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H, K: tl.c
     if GATE == 2:
         G = tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
                       axis=0)
-        tl.store(gc + row[:, None] * K + dk[None, :], G, mask=mk)                # [C, BK]
+        # scale · Q ⊙ e^G for the output stage (exponent ≤ 0: decay from the chunk start)
+        tl.store(qg + row[:, None] * K + dk[None, :], (qt * tl.exp(G) * scale).to(qg.dtype.element_ty),
+                 mask=mk)
         A, Aqk = _kda_scores(q, k, g, qt, kt, G, n, b, h, T, H, K, C, BK, DT, IEEE, X3)
         # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
         # from the end over the gates shifted up one row, not as a difference of prefix sums (which
@@ -317,7 +320,8 @@ def _wy_kernel(q, k, v, g, beta, gc, w, u, aqk, kd, dl, scale, T, NT, H, K: tl.c
         Aqk = _mm(qt, tl.trans(kt), DT, IEEE)
         if GATE == 1:
             G1 = tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
-            tl.store(gc + row, G1, mask=tm)
+            tl.store(qg + row[:, None] * K + dk[None, :],
+                     (qt * (tl.exp(G1) * scale)[:, None]).to(qg.dtype.element_ty), mask=mk)
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
             A, Aqk = A * E, Aqk * E
             nxt = ((t + 1) < T) & (tl.arange(0, C) < C - 1)
@@ -386,7 +390,7 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
 
 
 @triton.jit
-def _output_kernel(q, gc, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
+def _output_kernel(q, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     iv, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -398,16 +402,15 @@ def _output_kernel(q, gc, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
     dv = iv * BV + tl.arange(0, BV)
     mk = tm[:, None] & (dk[None, :] < K)
     mv = tm[:, None] & (dv[None, :] < V)
+    # q is scale · Q ⊙ e^G from stage 1 with gates, the plain queries without
     qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
-    if GATE == 2:
-        qt = qt * tl.exp(tl.load(gc + row[:, None] * K + dk[None, :], mask=mk, other=0.0))
-    elif GATE == 1:
-        qt = qt * tl.exp(tl.load(gc + row, mask=tm, other=0.0))[:, None]
+    if GATE == 0:
+        qt = qt * scale
     hn = hs + (bh.to(tl.int64) * NT + n) * K * V
     S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),
                 other=0.0)                                                        # [BK, BV]
     jc = tl.arange(0, C)
     Aqk = tl.load(aqk + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0)  # [C, C]
     Vt = tl.load(vnew + row[:, None] * V + dv[None, :], mask=mv, other=0.0)      # [C, BV]
-    out = _mm(qt * scale, S, DT, IEEE) + _mm(Aqk, Vt, DT, IEEE)                  # [C, BV]
+    out = _mm(qt, S, DT, IEEE) + _mm(Aqk, Vt, DT, IEEE)                          # [C, BV]
     tl.store(o + row[:, None] * V + dv[None, :], out.to(o.dtype.element_ty), mask=mv)
