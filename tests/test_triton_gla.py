@@ -29,7 +29,9 @@ def assert_close(args, o, S):
     assert o.dtype == dtype and o.shape == o_ref.shape and S.dtype == torch.float32
     err_o, err_S = testing.rel_err(o, o_ref), testing.rel_err(S, S_ref)
     assert err_o <= testing.tolerance(dtype), f"o: rel err {err_o:.2e} at {testing.worst_position(o, o_ref)}"
-    assert err_S <= testing.tolerance(torch.float32), f"final state: rel err {err_S:.2e}"
+    # The state is float32, but its update (K ⊙ Γ)ᵀ V multiplies tiles rounded to the input dtype on
+    # the tensor cores (the interpreter upcasts, so only a GPU shows it): input-dtype tolerance.
+    assert err_S <= testing.tolerance(dtype), f"final state: rel err {err_S:.2e}"
 
 
 def inputs(B, T, H, K, V, *, dtype=torch.float32, gate="per_dim", strength="normal", init=True, seed=0):

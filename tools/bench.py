@@ -58,6 +58,8 @@ def check(op, args, fn):
 
 
 def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
+    from linattn.triton import gated
+
     rows, ops = [], [op for op in triton_ops() if not only or op in only]
     missing = [op for op in bench.OPS if op not in triton_ops() and (not only or op in only)]
     for T in Ts:
@@ -77,6 +79,8 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
                     if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
                         row[f"rel_err_{level}"] = check(op, args, fn)
                     row[level] = bench.median_ms(fn)
+                    if level == "triton:fused" and gated.ran.get("mode") != "fused":  # fell back
+                        row[level], row[f"error_{level}"] = None, gated.ran.get("mode")
                 except Exception as exc:  # a kernel that fails to compile or run: record it, go on
                     row[level], row[f"error_{level}"] = None, f"{type(exc).__name__}: {exc}"[:300]
             row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] else None
@@ -109,6 +113,7 @@ def suite_chunks(T, chunk_sizes, log, size):
                                                        sub_chunk_size=c, mode="states"))
             fused = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
                                                        sub_chunk_size=c, mode="fused"))
+            fused = fused if gated.ran.get("mode") == "fused" else None  # did not fit: ran as states
             inter = bench.median_ms(lambda: gated.chunk_states(k, v, gated.local_cumsum(g, C), gated.DIM_GATE,
                                                                d, chunk_size=C))
         except Exception as exc:  # e.g. out of shared memory at C = 256: record it, go on

@@ -7,7 +7,8 @@
 # The device has no network and no Jupyter stack: carry .devwheels (../shared/tools/device-wheels.sh).
 #   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu)
 #   STAGES="tests bench cp" (default: all three) runs a subset, e.g. to fit a 10-minute call;
-#   BENCH_ARGS passes options to tools/bench.py (e.g. "--suite anchors").
+#   BENCH_ARGS passes options to tools/bench.py (e.g. "--suite anchors"); BENCH_TIMEOUT bounds it
+#   in seconds (the bench saves its results row by row, so a cut-off run still reports).
 set -uo pipefail
 OUT=${OUT:-_build/gpu}
 STAGES=${STAGES:-tests bench cp}
@@ -35,7 +36,7 @@ tests_rc=${PIPESTATUS[0]}
 fi
 t1=$(date +%s)
 if has bench; then
-python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+timeout "${BENCH_TIMEOUT:-3600}" python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
 bench_rc=${PIPESTATUS[0]}
 fi
 t2=$(date +%s)

@@ -39,6 +39,10 @@ from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, 
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 MAX_HEAD_DIM = 256
+# K tiles at least 32 wide (masked): with K = 16, bf16/fp16 KDA faulted natively on the H200
+# (illegal memory access, Triton 3.6) while float32 passed; the 16-wide tile is the one shape that
+# case alone had (a 16-row tl.trans(K)·Ṽ in the state pass). Padding costs nothing at K ≥ 32.
+MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs.
@@ -110,7 +114,7 @@ def plan(q, g, d, C) -> Plan:
     ieee = cdt == tl.float32
     return Plan(d.B, d.T, d.H, d.K, d.V, C, triton.cdiv(d.T, C),
                 0 if g is None else (1 if g.dim() == 3 else 2), d.scale, cdt, ieee,
-                torch.float32 if ieee else q.dtype, block(d.K), q.device)
+                torch.float32 if ieee else q.dtype, block(d.K, minimum=MIN_BK), q.device)
 
 
 def wy_stage(q, k, v, g, beta, p: Plan) -> dict:

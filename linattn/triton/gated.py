@@ -27,13 +27,16 @@ Two ways to run the chunks (`mode`):
 - "states": a first kernel walks the chunks and writes the state before every chunk to memory
   (B·H·NT·K·V values); a second kernel computes every chunk's output in parallel (B·H·NT·V/BV
   programs). More memory traffic, far more parallelism when B·H is small and T long.
-"auto" picks "fused" when the fused grid alone fills the GPU, else "states".
+"auto" picks "fused" when the fused grid alone fills the GPU, else "states". When the fused
+program's tiles do not fit the GPU's shared memory (float32 at K = 128, or C = 256), the call runs
+as "states" instead; `ran["mode"]` says which mode the last call used.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
@@ -43,6 +46,10 @@ MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
 # so chapter 09 can show the compiler's resource report without recompiling.
 last_launch: dict = {}
+ran: dict = {}          # ran["mode"]: the mode the last call actually used ("auto" resolved)
+# Two pipeline stages for the fused chunk loop: three (Triton's default) needed 254 KB of shared
+# memory for bf16 tiles at K = V = 128, C = 64 on an H200, over its 227 KB.
+FUSED_STAGES = 2
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
@@ -302,11 +309,20 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     warps = 4
     if mode == "fused":
-        last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
-            q, k, v, b, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V, NT,
-            d.scale, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
-            num_warps=warps, **common)
-        return o, sT
+        try:
+            last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
+                q, k, v, b, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
+                NT, d.scale, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
+                num_warps=warps, num_stages=FUSED_STAGES, **common)
+            ran["mode"] = "fused"
+            return o, sT
+        except OutOfResources as e:
+            # The fused program holds a chunk's q, k, v, A tiles and the state at once; for large
+            # tiles (float32, K = 128 or C = 256) that exceeds the SM's shared memory (seen on the
+            # H200). The states mode computes the same result with smaller programs.
+            ran["mode"] = f"states (fused did not fit: {str(e).split('.')[0]})"
+    else:
+        ran["mode"] = mode
     h, _ = chunk_states(k, v, b, gate, d, s0=s0, sT=sT, chunk_size=C)
     last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, v, b, a, h, o, T, H, K, V, NT, d.scale, BK=BK, BV=BV, num_warps=warps, **common)
