@@ -120,7 +120,8 @@ def suite_chunks(T, chunk_sizes, log, size):
             log(f"chunks C={C}: {type(exc).__name__}: {exc}"[:300])
             continue
         rows.append({"C": C, "c": c, "total": total, "inter": inter, "intra": total - inter, "fused": fused})
-        log(f"chunks T={T} C={C}: total={total:.3g} inter={inter:.3g} intra={total - inter:.3g} fused={fused:.3g}")
+        log(f"chunks T={T} C={C}: total={total:.3g} inter={inter:.3g} intra={total - inter:.3g} "
+            f"fused={'did not fit' if fused is None else f'{fused:.3g}'}")
     return {"T": T, "B": q.shape[0], "rows": rows}
 
 
