@@ -381,13 +381,22 @@ def live_modes():
 pick(cpu=lambda: print("CPU: no live timing (see the recorded table above)"), gpu=live_modes)()
 
 # %% [markdown]
-# In the first recorded run (H200, 2026-11-21) at $T = 1024$ ($B = 32$, so $B\cdot H = 512$
-# programs already fill the GPU) the fused kernel took 0.21 ms against FLA's 0.37 ms, and
-# materialising the states cost 0.19 ms more: with enough (batch, head) pairs there is nothing to gain from extra parallelism,
-# and writing $N_T$ states of $128\times128$ per head is pure extra traffic. The chunk level —
-# chapter 02's loop of PyTorch matmuls — took 5.5 ms: that is the cost of one launch per small
-# product. Longer sequences at fixed $B\cdot T$ shrink $B$, and then the trade-off turns; chapter 10
-# works it out.
+# The recorded run (NVIDIA H200, 2026-11-21, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0; the
+# library's kernels at commit `7b209be`, all in `book/data/bench.json`). At $T = 1024$ ($B = 32$,
+# so $B\cdot H = 512$ (batch, head) pairs already fill the GPU) the fused kernel took 0.289 ms
+# against FLA's 0.367 ms, and materialising the states cost 0.115 ms more (0.404 ms): with enough
+# (batch, head) pairs there is nothing to gain from extra parallelism, and writing $N_T$ states of
+# $128\times128$ per head is pure extra traffic. The chunk level — chapter 02's loop of PyTorch
+# matmuls — took 5.55 ms: that is the cost of one launch per small product.
+#
+# The fused kernel stays at 0.289–0.290 ms up to $T = 8192$ and beats FLA there (0.37–0.41 ms).
+# Longer sequences at fixed $B\cdot T$ shrink $B$, and then the trade-off turns: at $T = 16384$
+# and $32768$ the fused kernel has only 64 and 32 programs and slows to 0.526 and 1.02 ms, while
+# the states mode takes 0.448 and 0.557 ms — faster than fused, but 15–21 % behind FLA (0.391 and
+# 0.460 ms). The automatic choice (`mode="auto"`: fused only when its grid covers the 132
+# multiprocessors) is right at both ends and wrong at $T = 8192$: there the fused grid has 128
+# programs, just under 132, so it picked states (0.411 ms) although fused was faster (0.290 ms).
+# Chapter 10 works the trade-off out.
 #
 # ## Summary
 #

@@ -314,8 +314,11 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
 #
 # The anchor setting (`ANCHORS.md`): H200, bf16, 16 heads, $K=V=128$, $B\cdot T = 32768$ tokens,
 # forward only, gates $\log\sigma(x)/16$; FLA 0.6.0 in the same run on the same inputs. On a CPU
-# this section shows the recorded run in `book/data/11_kda_triton.json`; on a GPU it also times
-# our kernels live at one length (and FLA, if it is installed).
+# this section shows the recorded run of `tools/bench.py` (`book/data/bench.json`: NVIDIA H200,
+# 2026-11-21, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0, the kernels of this chapter at commit
+# `7b209be`), then an earlier run of an **older kernel version** (`book/data/11_kda_triton.json`,
+# commit `8c12ca0`) for comparison; on a GPU it also times our kernels live at one length (and FLA,
+# if it is installed).
 
 # %%
 def recorded():
@@ -332,7 +335,16 @@ def recorded():
                 row[names[r["op"]]], row[names[r["op"]] + "_fla"] = r["triton"], r["fla"]
         rows = [r for r in got.values() if len(r) == 7]
         if rows:
-            return {"env": res["env"], "base": sorted(rows, key=lambda r: r["T"])}
+            commit = [n.split("Triton kernels at ")[-1] for n in res["anchors"].get("notes", [])
+                      if "Triton kernels at " in n]
+            env = dict(res["env"], kernel="current kernels, " + (commit[0] if commit else "bench.json"))
+            return {"env": env, "base": sorted(rows, key=lambda r: r["T"])}
+    return json.loads((here / "11_kda_triton.json").read_text())
+
+
+def older_run():
+    """The first recorded run of these kernels (commit 8c12ca0): an OLDER kernel version."""
+    here = next(p for p in (Path("data"), Path("book/data")) if p.is_dir())
     return json.loads((here / "11_kda_triton.json").read_text())
 
 
@@ -346,11 +358,46 @@ for op, label, color in [("delta", "DeltaNet", "C0"), ("gdn", "Gated DeltaNet", 
     ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{label}: linattn")
     ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{label}: FLA 0.6.0")
 ax.set_xscale("log", base=2); ax.set_xlabel("T (B = 32768 / T)"); ax.set_ylabel("forward ms")
-ax.set_title("H200, bf16, H=16, K=V=128 (recorded)"); ax.legend(fontsize=7, ncol=2)
+ax.set_title("H200, bf16, H=16, K=V=128 (recorded 2026-11-21, current kernels)"); ax.legend(fontsize=7, ncol=2)
 plt.show()
-print(" T      " + "  ".join(f"{n:>16s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
+print("linattn / FLA, ms (ratio):")
+print(" T      " + "  ".join(f"{n:>25s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
 for r in rows:
-    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms" for o in ("delta", "gdn", "kda")))
+    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:3.1f}×)"
+                                       for o in ("delta", "gdn", "kda")))
+
+# %% [markdown]
+# Read plainly: **our delta-rule kernels are several times slower than FLA's.** DeltaNet takes
+# 3.95–4.62 ms against FLA's 1.00–1.50 ms (3.1–4.0×), Gated DeltaNet 4.38–5.22 ms against
+# 0.85–1.61 ms (3.2–5.2×), and KDA 12.0–12.8 ms against 1.73–2.74 ms (4.7–6.9×). The outputs are
+# right (relative error 3.9–4.9·10⁻³ against the chunk level in bf16, within the bf16 tolerance); the
+# speed is not there yet.
+#
+# It was once better for the scalar-gate cases. The first version of these kernels (commit
+# `8c12ca0`), timed on an H200 earlier the same day (12:47 UTC), is kept in `book/data/11_kda_triton.json`.
+# It is an **older kernel**, not the one this chapter runs:
+
+# %%
+old = older_run()
+print("older kernel:", old["env"]["kernel"], "·", old["env"]["device"], "·", old["env"]["date"])
+now = {r["T"]: r for r in rows}
+print(" T      " + "  ".join(f"{n:>27s}" for n in ("DeltaNet old → now", "Gated DeltaNet old → now",
+                                                    "KDA old → now")))
+for r in old["base"]:
+    if r["T"] in now:
+        print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:3.1f}×)"
+                                           for o in ("delta", "gdn", "kda")))
+
+# %% [markdown]
+# The first version ran DeltaNet in 0.87–1.47 ms, level with FLA (1.00–1.51 ms), and Gated
+# DeltaNet in 0.88–1.53 ms (FLA 0.84–1.45). The current kernel is about **4× slower than that
+# first version for DeltaNet** (3.1–4.6× across the lengths) and 3.4–5.0× slower for Gated
+# DeltaNet. Between the two, the block inverse of stage 1 was rewritten: 2-D tiles with 0/1
+# placement dots, a dynamic forward-substitution loop (to cut compile time) and `tf32x3` products
+# instead of float32 FMA dots (to cut register spills; see the end of this section). The
+# `tf32x3` products and the dynamic loop are the likely cause of the slowdown — likely, because it
+# has not been profiled. For KDA the rewrite helped, but only a little (14.9 → 12.0 ms at
+# $T = 1$k); KDA remains far from FLA's 1.7–2.7 ms.
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
@@ -366,11 +413,13 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# Where the time goes (stage timings from the profiler, when the recorded run has them):
+# Where the time goes: the only stage timings recorded so far are from the profiler run of the
+# **older kernel** (commit `8c12ca0`); the current kernel's stages have not been profiled yet.
 
 # %%
-for st in rec.get("stages", []):
-    print(f"{st['op']:4s} T={st['T']:5d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
+for st in rec.get("stages", old.get("stages", [])):
+    print(f"older kernel, {st['op']:4s} T={st['T']:5d}: "
+          + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
 # %% [markdown]
 # **A lesson from the first native run.** The first version of stage 1 built the diagonal blocks
@@ -379,16 +428,19 @@ for st in rec.get("stages", []):
 # kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms), and faulted in bf16. Its
 # replacement uses 2-D tiles only: row $j$ of a block is re-read from memory (it sits in L1/L2)
 # instead of being extracted from registers, and blocks move in and out of the $C\times C$
-# matrix through exact dots with 0/1 matrices. If the recorded run above still names commit
-# `8c12ca0`, it timed that first version (`docs/perf_notes.md` has the details); the interpreter
-# can check correctness, but only the GPU can say what a register layout costs.
+# matrix through exact dots with 0/1 matrices. That replacement is in the current kernel, and
+# the bf16 fault is gone, but KDA still takes 12.0 ms at $T=1$k: stage 1 remains the place to look
+# (`docs/perf_notes.md` has the details). The interpreter can check correctness, but only the GPU
+# can say what a register layout costs.
 #
 # Between GPU runs, one cost can still be seen on a CPU: Triton compiles for a GPU it does not
 # have (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
 # `cuobjdump --dump-resource-usage` on the cubin reports registers and spill stack. That is how
 # the IEEE float32 products of the inverse were found to cost an 81 KB spill stack and minutes of
 # compilation (they run on the FMA units with operand tiles copied across threads), and replaced
-# by `tf32x3` tensor-core products.
+# by `tf32x3` tensor-core products. The CPU can see spills and compile time, not speed: that
+# change, with the dynamic forward-substitution loop, is the likely reason DeltaNet is now ~4×
+# slower than in the first version — a trade that only the GPU run above revealed.
 
 # %% [markdown]
 # ## Summary
@@ -405,6 +457,10 @@ for st in rec.get("stages", []):
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
+# * Measured on an H200 (2026-11-21): correct, but slow. DeltaNet is 3.1–4.0×, Gated DeltaNet
+#   3.2–5.2× and KDA 4.7–6.9× slower than FLA 0.6.0. The first kernel version matched FLA for
+#   DeltaNet (0.87 ms at $T=1$k); the current one is ~4× slower than that, likely because of the
+#   `tf32x3` inverse products and the dynamic forward-substitution loop (not yet profiled).
 #
 # This chapter has no workbook of its own: the algebra it compiles is exercised in the workbooks
 # of the delta-rule chapters; the kernels' tests are `tests/test_triton_delta.py`.
