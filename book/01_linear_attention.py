@@ -320,23 +320,10 @@ forms = {"recurrent (naive.linear_attn)": naive.linear_attn,
 times = {name: [] for name in forms}
 
 
-def fastest_ms(fn, runs=5):
-    # Interference from other work on the machine only ever adds time: take the fastest run.
-    # One CPU thread: on a small shared CPU a multi-threaded op stalls whenever another process
-    # takes a core, and timings turn into noise. (GPU kernels are not affected by this setting.)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        bench.timeit(fn, warmup=1, rep=1)
-        return min(bench.timeit(fn, warmup=0, rep=1) for _ in range(runs))
-    finally:
-        torch.set_num_threads(threads)
-
-
 for n in lengths:
     args = testing.make_inputs("linear_attn", B=B, T=n, H=H, K=Kb, V=Vb, device=linattn.device.default_device())
     for name, fn in forms.items():
-        times[name].append(fastest_ms(lambda: fn(**args)))
+        times[name].append(bench.fastest_ms(lambda: fn(**args)))
     fastest = min(forms, key=lambda name: times[name][-1]).split()[0]
     print(f"T={n:>6}: " + "  ".join(f"{name.split()[0]} {times[name][-1]:8.2f} ms" for name in forms)
           + f"   fastest: {fastest}")

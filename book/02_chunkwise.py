@@ -222,20 +222,7 @@ dev = linattn.device.default_device()
 args = testing.make_inputs("linear_attn", B=Bm, T=Tm, H=Hm, K=Km, V=Km, device=dev)
 
 
-def fastest_ms(fn, runs=5):
-    # Interference from other work on the machine only ever adds time: take the fastest run.
-    # One CPU thread: on a small shared CPU a multi-threaded op stalls whenever another process
-    # takes a core, and timings turn into noise. (GPU kernels are not affected by this setting.)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        bench.timeit(fn, warmup=1, rep=1)
-        return min(bench.timeit(fn, warmup=0, rep=1) for _ in range(runs))
-    finally:
-        torch.set_num_threads(threads)
-
-
-ms = [fastest_ms(lambda: chunk.linear_attn(**args, chunk_size=C)) for C in sizes]
+ms = [bench.fastest_ms(lambda: chunk.linear_attn(**args, chunk_size=C)) for C in sizes]
 fl = [costs(Tm, C, Km, Km)[f"chunkwise C={C}"][0] * Bm * Hm for C in sizes]
 best = sizes[min(range(len(sizes)), key=ms.__getitem__)]
 for C, t in zip(sizes, ms):

@@ -37,6 +37,21 @@ def timeit(fn, *, warmup: int = 2, rep: int = 7) -> float:
 # The anchor setting (ANCHORS.md): H=16 heads, K=V=128, B·T = 32768 tokens, bf16, forward only,
 # gates logsigmoid(randn)/16. Every implementation of one row gets the same input tensors.
 
+
+def fastest_ms(fn, runs: int = 5) -> float:
+    """Fastest of `runs` single runs, in ms, on one CPU thread: the chapters' timing on a reader's machine.
+
+    Interference from other work only ever adds time, so the fastest run is the honest one. One
+    thread: on a small shared CPU a multi-threaded op stalls whenever another process takes a core
+    and timings turn into noise (GPU kernels are not affected by the setting)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        timeit(fn, warmup=1, rep=1)
+        return min(timeit(fn, warmup=0, rep=1) for _ in range(runs))
+    finally:
+        torch.set_num_threads(threads)
+
 import json  # noqa: E402
 import platform  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
