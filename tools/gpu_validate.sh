@@ -49,7 +49,8 @@ fi
   echo "# GPU validation report — $(date -u +%Y-%m-%dT%H:%MZ)"
   echo; echo '```'; cat "$OUT/versions.txt"; echo '```'
   echo; echo "## Tests + notebooks (nbval), natively: exit $tests_rc, $((t1 - t0)) s"
-  echo '```'; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40; tail -1 "$OUT/pytest.log"; echo '```'
+  [ -f "$OUT/pytest.log" ] && { echo '```'; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
+                                 tail -1 "$OUT/pytest.log"; echo '```'; }
   echo; echo "## Benchmarks: exit $bench_rc, $((t2 - t1)) s"
   [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
   echo; echo "## Context parallel over NCCL: $cp_rc"
