@@ -53,6 +53,7 @@ def fastest_ms(fn, runs: int = 5) -> float:
         torch.set_num_threads(threads)
 
 import json  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 
@@ -156,7 +157,21 @@ def environment() -> dict:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
     return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
-            "python": platform.python_version()}
+            "python": platform.python_version(),
+            "commit": os.environ.get("LINATTN_COMMIT")}  # set by tools/gpu_validate.sh's caller
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes per second a device-to-device copy moves (read + write), the HBM speed kernels can reach."""
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * nbytes / (median_ms(lambda: y.copy_(x)) * 1e-3)
+
+
+def floor_ms(args: dict, bandwidth: float) -> float:
+    """The least time a forward can take: read every input once and write o once, at `bandwidth`."""
+    nbytes = sum(a.numel() * a.element_size() for a in args.values()) + args["v"].numel() * args["v"].element_size()
+    return nbytes / bandwidth * 1e3
 
 
 def save_json(path, results: dict) -> None:

@@ -61,13 +61,17 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
     from linattn.triton import gated
 
     rows, ops = [], [op for op in triton_ops() if not only or op in only]
+    bw = bench.copy_bandwidth() if torch.cuda.is_available() else None
+    if bw:
+        log(f"device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     missing = [op for op in bench.OPS if op not in triton_ops() and (not only or op in only)]
     for T in Ts:
         sd = bench.median_ms(bench.sdpa_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
                                              device=size["device"]))
         for op in ops:
             args = bench.anchor_inputs(op, T, **size)
-            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd}
+            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd,
+                   "floor": bench.floor_ms(args, bw) if bw else None}
             fla = bench.fla_call(op, args)
             row["fla"] = bench.median_ms(fla) if fla else None
             for level in levels_for(op):
@@ -83,7 +87,8 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
                         row[level], row[f"error_{level}"] = None, gated.ran.get("mode")
                 except Exception as exc:  # a kernel that fails to compile or run: record it, go on
                     row[level], row[f"error_{level}"] = None, f"{type(exc).__name__}: {exc}"[:300]
-            row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] else None
+            row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] and row["triton"] else None
+            row["ratio_floor"] = row["triton"] / row["floor"] if row["floor"] and row["triton"] else None
             rows.append(row)
             if save:
                 save({"rows": rows, "notes": []})
@@ -94,7 +99,10 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
     skipped = "naive" if all_levels else "chunk and naive"
     notes = [f"{skipped}: timed at T = {Ts[0]} only: Python loops over chunks or tokens cost seconds of "
              "device time per point and are not what the table compares (--all-levels times chunk at every T)"] + [f"{op}: linattn.triton has no {bench.OPS[op][0]} in this tree" for op in missing]
-    return {"rows": rows, "notes": notes}
+    if bw:
+        notes.append(f"floor: reading every input once and writing o once at the copy bandwidth measured in "
+                     f"this run, {bw / 1e12:.2f} TB/s (read + write)")
+    return {"rows": rows, "notes": notes, "bandwidth": bw}
 
 
 def suite_chunks(T, chunk_sizes, log, size):
@@ -155,7 +163,7 @@ def markdown(res) -> str:
     if "anchors" in res:
         rows = res["anchors"]["rows"]
         cols = ["op", "T", "B", "triton", "triton:fused", "triton:states", "chunk", "naive", "fla", "ratio_fla",
-                "sdpa"]
+                "sdpa", "floor", "ratio_floor"]
         parts.append(f"Forward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} tokens:\n\n" +
                      bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
         errs = [f"{r['op']} T={r['T']} {k[8:]}: {v:.2e}" for r in rows for k, v in r.items() if k.startswith("rel_err")]

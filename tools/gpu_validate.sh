@@ -30,7 +30,7 @@ PY
 t0=$(date +%s)
 tests_rc=skipped bench_rc=skipped
 if has tests; then
-python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic \
+python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic -rfE \
   "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
 tests_rc=${PIPESTATUS[0]}
 fi
