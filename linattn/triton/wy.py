@@ -1,0 +1,316 @@
+"""Stage 1 of the delta-rule kernels: the WY/UT factors of every chunk, in three plain kernels.
+
+Notation as in linattn.chunk.delta: a chunk of C tokens, G_i the log-decay summed from the chunk
+start (per key dimension for KDA, one per head for Gated DeltaNet, 0 for DeltaNet),
+A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}
+(j ≤ i), 𝒯 = (I + A)⁻¹, W = 𝒯 diag(β)(K ⊙ e^G), U = 𝒯 diag(β) V.
+
+1. `_scores_kernel`, one program per (chunk, head): A (float32) and Aqk (tile dtype), each row t
+   of a [B, T, H, C] tensor holding its chunk's row. DeltaNet / Gated DeltaNet: one dot each (and
+   a C×C decay factor). KDA: per 16-token sub-chunk, the blocks left of the diagonal are one dot
+   split at the sub-chunk boundary, the 16×16 diagonal block is built column by column in float32.
+2. `_inverse_kernel`, one program per (chunk, head): 𝒯 from A in 16×16 blocks that move through
+   memory — forward substitution on each diagonal block with its rows loaded by pointer, then
+   𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the blocks below, one row of blocks after another.
+3. `_wu_kernel`, one program per (chunk, head): W, U and what stages 2 and 3 need
+   (K ⊙ e^{G_C − G}, e^{G_C}, scale · Q ⊙ e^G): tiled matmuls and elementwise decays.
+
+Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32, so
+no factor e^{+G} is ever formed: every exponent below is ≤ 0.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from .common import block, dot, interpreting
+
+SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
+BS = tl.constexpr(SUB)  # the same, as kernels see it
+# Warps per program. Compiled for sm_90 (bf16, K = V = 128, C = 64), 4 warps spilled in the KDA
+# scores kernel and in the W/U kernel (255 registers + stack); 8 warps do not spill there.
+TUNING = dict(warps_scores=8, warps_inverse=4, warps_wu=8)
+
+
+def scores_stage(q, k, g, beta, p) -> dict:
+    """A [B,T,H,C] float32 (β_i on row i, strictly lower) and aqk [B,T,H,C] = scale · Aqk in the
+    tile dtype (diagonal included); row t holds its chunk's row, zeros right of the diagonal."""
+    a = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
+    aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
+    _scores_kernel[(p.NT, p.B * p.H)](
+        q, k, g if p.gate else q, beta, a, aqk, p.scale, p.T, p.H,
+        K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        num_warps=TUNING["warps_scores"])
+    return dict(a=a, aqk=aqk)
+
+
+def inverse_stage(a, p):
+    """𝒯 = (I + A)⁻¹ per chunk, [B,T,H,C] float32 laid out like A (unit lower triangular)."""
+    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
+    _inverse_kernel[(p.NT, p.B * p.H)](a, ai, p.T, p.H, C=p.C, X3=not interpreting(),
+                                        num_warps=TUNING["warps_inverse"])
+    return ai
+
+
+def wu_stage(q, k, v, g, beta, ai, p) -> dict:
+    """W [B,T,H,K], U [B,T,H,V]; with gates also qg = scale · Q ⊙ e^G, kd = K ⊙ e^{G_C − G}
+    [B,T,H,K] and dl = e^{G_C} [B,H,NT,K] float32 (without gates: qg, dl None and kd is k)."""
+    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
+    w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
+    u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
+    qg = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else None
+    kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
+    dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
+    BV = min(block(V), 64)
+    _wu_kernel[(p.NT, B * H, 1 + triton.cdiv(V, BV))](
+        q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate else w, kd,
+        dl if p.gate else w, p.scale, T, p.NT, H,
+        K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        num_warps=TUNING["warps_wu"])
+    return dict(w=w, u=u, qg=qg, kd=kd, dl=dl)
+
+
+def wy_stage(q, k, v, g, beta, p) -> dict:
+    """Stage 1 whole: the three kernels above; returns the union of their tensors (a, ai too)."""
+    s = scores_stage(q, k, g, beta, p)
+    ai = inverse_stage(s["a"], p)
+    return dict(s, ai=ai, **wu_stage(q, k, v, g, beta, ai, p))
+
+
+# ---------------------------------------------------------------- device helpers
+
+@triton.jit
+def _f32(a, b, X3: tl.constexpr):
+    """a @ b of float32 16×16 blocks (the inverse) at about float32 accuracy.
+
+    On the GPU three tf32 tensor-core products (tf32x3, relative error ~2⁻²¹): plain tf32 keeps
+    10 bits, IEEE products run on the FMA units. Under the interpreter (X3 false): exact float32."""
+    if X3:
+        return tl.dot(a, b, input_precision="tf32x3")
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _kda_subchunk(q, k, g, beta, a, aqk, s: tl.constexpr, n, b, h, scale, T, H,
+                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """Rows 16 s … 16 s + 15 of A and Aqk for per-dimension gates; stores them.
+
+    Every tile is loaded here (the chunk's earlier rows come from L1/L2 again for each s): tiles
+    kept across sub-chunks made the kernel spill."""
+    r = tl.arange(0, BS)
+    rows = tl.arange(0, C)
+    dk = tl.arange(0, BK)
+    ts = n * C + s * BS + r
+    rs = (s * BS + r) * H                                                         # [16] rows in the chunk
+    ms = (ts < T)[:, None] & (dk[None, :] < K)
+    Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
+    Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
+    bs = tl.load(beta + rs, mask=ts < T, other=0.0).to(tl.float32)                # [16]
+    Aoff = tl.zeros((BS, C), dtype=tl.float32)
+    Qoff = tl.zeros((BS, C), dtype=tl.float32)
+    if s > 0:
+        # left of the diagonal block, b = the last token before the sub-chunk:
+        # e^{G_i − G_j} = e^{G_i − G_b} e^{G_b − G_j}, both exponents ≤ 0, and one dot.
+        # G_i − G_b: the sub-chunk's own prefix sums; G_b − G_j = g_{j+1} + … + g_b: summed from
+        # b backwards over the gates shifted up one row (no difference of long prefix sums)
+        t = n * C + rows
+        row = rows * H                                                            # [C]
+        early = (rows < s * BS) & (t < T)
+        me = early[:, None] & (dk[None, :] < K)
+        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=me, other=0.0).to(tl.float32)  # [C, BK]
+        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
+                      mask=me & ((rows < s * BS - 1) & (t + 1 < T))[:, None], other=0.0).to(tl.float32)  # g_{j+1}
+        up = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                    # [C, BK] rows < 16 s
+        Gl = tl.cumsum(tl.load(g + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32),
+                       axis=0)                                                    # [16, BK] G_i − G_b
+        down = tl.exp(Gl)
+        Aoff = dot((Ks * down).to(DT), tl.trans(up).to(DT), IEEE)                # [16, C]
+        Qoff = dot((Qs * down).to(DT), tl.trans(up).to(DT), IEEE)
+    # diagonal block, columns j = 15 … 0: E_i = e^{G_i − G_j} for i ≥ j, 0 above. Moving from
+    # column j + 1 to j multiplies by e^{g_{j+1}} (≤ 1): one exponential per key dim per column
+    E = tl.zeros((BS, BK), dtype=tl.float32)
+    Da = tl.zeros((BS, BS), dtype=tl.float32)
+    Dq = tl.zeros((BS, BS), dtype=tl.float32)
+    for c in range(BS):
+        jj = BS - 1 - c
+        tj = n * C + s * BS + jj
+        rj = (s * BS + jj) * H
+        nxt = (jj + 1 < BS) & (tj + 1 < T)
+        gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & nxt, other=0.0).to(tl.float32)  # g_{j+1}
+        E = tl.where(r[:, None] == jj, 1.0, E * tl.exp(gn)[None, :])              # [16, BK]
+        kj = tl.load(k + rj * K + dk, mask=(dk < K) & (tj < T), other=0.0).to(tl.float32)  # [BK]
+        wj = E * kj[None, :]
+        Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)    # column j
+        Dq = tl.where(r[None, :] == jj, tl.sum(Qs * wj, axis=1)[:, None], Dq)
+    Da = tl.where(r[:, None] > r[None, :], Da, 0.0) * bs[:, None]
+    Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0) * scale
+    # store left blocks (zeros right of the diagonal block) and the diagonal block: disjoint columns
+    off = (rows[None, :] // BS) != s
+    mrow = (ts < T)[:, None]
+    Aoff = tl.where(rows[None, :] < s * BS, Aoff, 0.0) * bs[:, None]
+    Qoff = tl.where(rows[None, :] < s * BS, Qoff, 0.0) * scale
+    tl.store(a + rs[:, None] * C + rows[None, :], Aoff, mask=mrow & off)
+    tl.store(aqk + rs[:, None] * C + rows[None, :], Qoff.to(aqk.dtype.element_ty), mask=mrow & off)
+    tl.store(a + rs[:, None] * C + s * BS + r[None, :], Da, mask=mrow)
+    tl.store(aqk + rs[:, None] * C + s * BS + r[None, :], Dq.to(aqk.dtype.element_ty), mask=mrow)
+
+
+# ---------------------------------------------------------------- the three kernels
+
+@triton.jit
+def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.constexpr,
+                   BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    # pointers to the chunk's first token of this head, then 32-bit offsets inside the chunk
+    # (a [C, BK] tile of 64-bit addresses costs twice the registers)
+    r0 = (b * T + n * C).to(tl.int64) * H + h
+    q, k, beta, a, aqk = q + r0 * K, k + r0 * K, beta + r0, a + r0 * C, aqk + r0 * C
+    if GATE == 2:
+        g += r0 * K
+    else:
+        g += r0
+    jc = tl.arange(0, C)
+    row = jc * H                                                                  # [C] token rows
+    dk = tl.arange(0, BK)
+    mk = tm[:, None] & (dk[None, :] < K)
+    if GATE == 2:
+        for s in tl.static_range(C // BS):
+            _kda_subchunk(q, k, g, beta, a, aqk, s, n, b, h, scale, T, H, K, C, BK, DT, IEEE)
+    else:
+        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)  # [C, BK]
+        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)
+        A = dot(kt, tl.trans(kt), IEEE)                                           # [C, C]
+        Aqk = dot(qt, tl.trans(kt), IEEE)
+        if GATE == 1:
+            G1 = tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
+            E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
+            A, Aqk = A * E, Aqk * E
+        bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)               # [C]
+        A = tl.where(jc[:, None] > jc[None, :], A, 0.0) * bt[:, None]             # β_i on row i
+        Aqk = tl.where(jc[:, None] >= jc[None, :], Aqk, 0.0) * scale
+        tl.store(a + row[:, None] * C + jc[None, :], A, mask=tm[:, None])
+        tl.store(aqk + row[:, None] * C + jc[None, :], Aqk.to(aqk.dtype.element_ty), mask=tm[:, None])
+
+
+@triton.jit
+def _inverse_kernel(a, ai, T, H, C: tl.constexpr, X3: tl.constexpr):
+    """(I + A)⁻¹ by rows of 16×16 blocks. Row block i needs A's row block i and the finished
+    blocks 𝒯_mj of earlier row blocks, which this program stored and reads back (a barrier
+    between), so no block is ever moved within registers."""
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    r0 = (b * T + n * C).to(tl.int64) * H + h
+    a, ai = a + r0 * C, ai + r0 * C                                               # the chunk's row 0
+    r = tl.arange(0, BS)
+    jc = tl.arange(0, C)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)                           # [16, 16]
+    for i in tl.static_range(C // BS):
+        ti = n * C + i * BS + r
+        ri = (i * BS + r) * H                                                     # [16] rows of block i
+        mi = (ti < T)[:, None]
+        # diagonal block: row m of R = 𝒯_ii − I solves R_m = −A_m − Σ_{l<m} A_ml R_l, with A_m
+        # read from memory; rows above m are final already
+        R = tl.zeros((BS, BS), dtype=tl.float32)
+        for m in range(1, BS):
+            tm_ = n * C + i * BS + m
+            am = tl.load(a + (i * BS + m) * H * C + i * BS + r,
+                         mask=(r < m) & (tm_ < T), other=0.0)                     # [16] A_m in block
+            Rm = -am - tl.sum(am[:, None] * R, axis=0)
+            R = tl.where(r[:, None] == m, Rm[None, :], R)
+        Dinv = R + eye                                                            # [16, 16] 𝒯_ii
+        tl.store(ai + ri[:, None] * C + i * BS + r[None, :], Dinv, mask=mi)
+        # blocks left of it: 𝒯_ij = −𝒯_ii Σ_{m=j}^{i−1} A_im 𝒯_mj
+        for j in tl.static_range(i):
+            acc = tl.zeros((BS, BS), dtype=tl.float32)
+            for m in tl.static_range(j, i):
+                tmm = n * C + m * BS + r
+                rm = (m * BS + r) * H
+                Aim = tl.load(a + ri[:, None] * C + m * BS + r[None, :], mask=mi, other=0.0)
+                Tmj = tl.load(ai + rm[:, None] * C + j * BS + r[None, :],
+                              mask=(tmm < T)[:, None], other=0.0)                 # [16, 16]
+                acc += _f32(Aim, Tmj, X3)
+            tl.store(ai + ri[:, None] * C + j * BS + r[None, :], -_f32(Dinv, acc, X3), mask=mi)
+        # zeros right of the diagonal block (columns disjoint from the stores above)
+        tl.store(ai + ri[:, None] * C + jc[None, :], tl.zeros((BS, C), dtype=tl.float32),
+                 mask=mi & (jc[None, :] >= (i + 1) * BS))
+        tl.debug_barrier()                                                        # row block i visible
+
+
+@triton.jit
+def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.constexpr,
+               V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    # grid axis 2: part 0 computes W (and the gated extras), part p ≥ 1 the V-block p − 1 of U;
+    # one product per program keeps the tiles of a 4-warp program in registers
+    n, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    t = n * C + tl.arange(0, C)
+    tm = t < T
+    r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
+    q, k, v, beta, ai = q + r0 * K, k + r0 * K, v + r0 * V, beta + r0, ai + r0 * C
+    w, u, qg, kd = w + r0 * K, u + r0 * V, qg + r0 * K, kd + r0 * K
+    if GATE == 2:
+        g += r0 * K
+    else:
+        g += r0
+    jc = tl.arange(0, C)
+    row = jc * H                                                                  # [C]
+    bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
+    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
+    if part > 0:
+        dv = (part - 1) * BV + tl.arange(0, BV)
+        mv = tm[:, None] & (dv[None, :] < V)
+        vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
+        Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                             # [C, BV]
+        tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
+    else:
+        _w_part(q, k, g, Ti, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K, C, BK, GATE,
+                DT, IEEE)
+
+
+@triton.jit
+def _w_part(q, k, g, Ti, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K: tl.constexpr,
+            C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
+            IEEE: tl.constexpr):
+    """W = 𝒯 (β K ⊙ e^G); with gates also scale · Q ⊙ e^G, K ⊙ e^{G_C − G} and e^{G_C}."""
+    tm = t < T
+    dk = tl.arange(0, BK)
+    jc = tl.arange(0, C)
+    mk = tm[:, None] & (dk[None, :] < K)
+    kb = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32) * bt[:, None]
+    if GATE > 0:
+        # G_i from the chunk start: e^{G} ≤ 1 for W (β K ⊙ e^G) and for scale · Q ⊙ e^G
+        if GATE == 2:
+            eg = tl.exp(tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk,
+                                          other=0.0).to(tl.float32), axis=0))     # [C, BK]
+        else:
+            eg = tl.exp(tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0))[:, None]
+        kb = kb * eg
+        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+        tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty), mask=mk)
+    Wt = dot(Ti, kb.to(DT), IEEE)                                                 # [C, BK]
+    tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
+    if GATE > 0:
+        # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
+        # from the chunk end over the gates shifted up one row, not as a difference of prefix sums
+        # (which loses the small remainder next to a large G_i); padded rows have g = 0
+        nxt = ((t + 1) < T) & (jc < C - 1)
+        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
+        if GATE == 2:
+            gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
+                          mask=nxt[:, None] & (dk[None, :] < K), other=0.0).to(tl.float32)
+            gc = tl.sum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
+                        axis=0)                                                   # [BK] G_C
+            tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                   # [C, BK]
+        else:
+            gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)        # [C]
+            gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)
+            tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]
+        tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
+        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
