@@ -106,7 +106,7 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
 
 
 def suite_chunks(T, chunk_sizes, log, size):
-    """GLA states mode as C varies: inter = local cumsum + state pass, intra = the output kernel."""
+    """GLA states mode as C varies: inter = the state pass, intra = the output kernel (A built on chip)."""
     from linattn.triton import gated
     from linattn.validate import check_inputs
 
@@ -122,8 +122,7 @@ def suite_chunks(T, chunk_sizes, log, size):
             fused = bench.median_ms(bench.library_call("gla", "triton", args, chunk_size=C,
                                                        sub_chunk_size=c, mode="fused"))
             fused = fused if gated.ran.get("mode") == "fused" else None  # did not fit: ran as states
-            inter = bench.median_ms(lambda: gated.chunk_states(k, v, gated.local_cumsum(g, C), gated.DIM_GATE,
-                                                               d, chunk_size=C))
+            inter = bench.median_ms(lambda: gated.chunk_states(k, v, g, d, chunk_size=C))
         except Exception as exc:  # e.g. out of shared memory at C = 256: record it, go on
             log(f"chunks C={C}: {type(exc).__name__}: {exc}"[:300])
             continue
