@@ -5,7 +5,9 @@ import torch
 import linattn
 from linattn import device, naive, testing
 from linattn import triton as lt
-from linattn.validate import InputError
+from linattn.chunk import gated as cgated
+from linattn.triton import gated
+from linattn.validate import InputError, check_inputs
 
 DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -70,6 +72,46 @@ def test_wide_heads(gate):
     B, T, H, K, V, C, c = WIDE
     args = inputs(B, T, H, K, V, dtype=torch.bfloat16, gate=gate, init=False)
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c))
+
+
+@pytest.mark.parametrize("strength", ["normal", "strong"])
+def test_intra_chunk_tiles_match_float64(strength):
+    """The tiles the output kernel multiplies away (off-diagonal by absorption, diagonal by the
+    multiplicative column walk), written out by intra_attention, against chapter 05's float64 A."""
+    T, C, c = 45, 32, 16                                     # the last chunk is short, its last sub-chunk too
+    args = inputs(1, T, 2, 24, 16, strength=strength, init=False, seed=7)
+    q, k, g = args["q"], args["k"], args["g"]
+    A = gated.intra_attention(q, k, g, check_inputs(q, k, args["v"], g=g, gate=True), C, c)   # [B, T, H, C]
+    for t0 in range(0, T, C):
+        L = min(C, T - t0)
+        ref = cgated.intra_chunk_matrix(*(x[:, t0:t0 + L].transpose(1, 2).double() for x in (q, k, g)),
+                                        sub_chunk_size=c if L % c == 0 else L)          # [B, H, L, L]
+        mine = A[:, t0:t0 + L, :, :L].transpose(1, 2).tril()
+        assert mine.isfinite().all()
+        assert testing.rel_err(mine, ref) <= testing.tolerance(torch.float32), (t0, testing.rel_err(mine, ref))
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+def test_value_and_state_blocks(monkeypatch, mode):
+    """V split over several output blocks (V > 128), state pass over several K and V blocks, and
+    output programs covering two sub-chunks, one of them past the end of a short last chunk."""
+    monkeypatch.setattr(gated, "STATE_BLOCKS", (16, 16))
+    monkeypatch.setattr(gated, "OUTPUT_SUBS", 2)
+    args = inputs(1, 83, 1, 40, 144, seed=5)                # K = 40: three 16-wide K blocks, the last masked
+    assert_close(args, *run(args, chunk_size=64, sub_chunk_size=16, mode=mode))   # last chunk: 19 rows
+
+
+def test_block_and_mode_rules(monkeypatch):
+    """The launch rules say what the measurements said (docs/perf_notes.md); an H200 has 132 SMs."""
+    assert gated.state_blocks(128, 128, 32 * 16, sms=132) == (64, 64)      # T = 1k: plenty of programs
+    assert gated.state_blocks(128, 128, 16, sms=132) == (32, 32)           # T = 32k: 256 programs, not 64
+    assert gated.state_blocks(16, 16, 1, sms=132) == (16, 16)              # narrow heads: as small as allowed
+    assert gated.output_blocks(128, 128) == (128, 128) and gated.output_blocks(256, 256) == (256, 64)
+    monkeypatch.setattr(gated, "num_sms", lambda: 132)
+    assert gated.choose_mode("auto", gated.NO_GATE, 4, 16, 128) == "fused"    # T = 8k: 128 programs
+    assert gated.choose_mode("auto", gated.NO_GATE, 2, 16, 128) == "states"   # T = 16k: 64 programs
+    assert gated.choose_mode("auto", gated.DIM_GATE, 32, 16, 128) == "states"
+    assert gated.choose_mode("auto", gated.HEAD_GATE, 32, 16, 128) == "states"
 
 
 def test_zero_gate_is_linear_attention():

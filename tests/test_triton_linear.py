@@ -5,6 +5,7 @@ import torch
 import linattn
 from linattn import device, naive, testing
 from linattn import triton as lt
+from linattn.triton import gated
 from linattn.validate import InputError
 
 DEV = device.default_device()
@@ -48,6 +49,14 @@ def test_wide_heads(mode):
     B, T, H, K, V, C = WIDE
     args = testing.make_inputs("linear_attn", B=B, T=T, H=H, K=K, V=V, dtype=torch.bfloat16, device=DEV)
     assert_close(args, *run(args, chunk_size=C, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+def test_value_and_state_blocks(monkeypatch, mode):
+    """V over two output blocks (V > 128) and the state pass over several K and V blocks."""
+    monkeypatch.setattr(gated, "STATE_BLOCKS", (16, 16))
+    args = testing.make_inputs("linear_attn", B=1, T=50, H=2, K=40, V=144, device=DEV, initial_state=True)
+    assert_close(args, *run(args, chunk_size=32, mode=mode))
 
 
 @pytest.mark.parametrize("T", [1, 5, 16])

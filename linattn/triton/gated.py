@@ -77,17 +77,21 @@ def _state_step(S, k_base, v_base, g_base, t0, T, s_k, s_v, s_g, offs_k, offs_v,
     v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
                 mask=rmask[:, None] & (offs_v < V)[None, :], other=0.0).to(COMPUTE)   # [C, BV]
     # Rows past T load g = 0: they add nothing to the sums below (and their keys are 0).
+    # b_last − b_s, the gates after s in the chunk, is summed from the chunk's end over the gates
+    # loaded one row down (g_{s+1}): exactly 0 on the last row, ≤ 0, and its rounding error stays
+    # proportional to itself (b_last − b_s from two prefix sums would carry the error of b_last).
+    nxt = (tl.arange(0, C) < C - 1) & (rows + 1 < T)
     if GATE == 2:
         g = tl.load(g_base + rows[:, None] * s_g + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
                     other=0.0)                                                       # [C, BK]
-        # b_last − b_s = gates after s in the chunk: an exclusive suffix sum, exactly 0 on the last row
-        after = tl.cumsum(g, 0, reverse=True) - g                                    # [C, BK], ≤ 0
-        k = (k * tl.exp(tl.minimum(after, 0.0))).to(COMPUTE)  # key decayed to the chunk end (≤ 1)
+        g_next = tl.load(g_base + (rows + 1)[:, None] * s_g + offs_k[None, :],
+                         mask=nxt[:, None] & kmask[None, :], other=0.0)              # [C, BK]
+        k = (k * tl.exp(tl.cumsum(g_next, 0, reverse=True))).to(COMPUTE)  # key decayed to the chunk end
         S = S * tl.exp(tl.sum(g, 0))[:, None]
     elif GATE == 1:
         g = tl.load(g_base + rows * s_g, mask=rmask, other=0.0)                      # [C]
-        after = tl.cumsum(g, 0, reverse=True) - g
-        k = (k * tl.exp(tl.minimum(after, 0.0))[:, None]).to(COMPUTE)
+        g_next = tl.load(g_base + (rows + 1) * s_g, mask=nxt, other=0.0)              # [C]
+        k = (k * tl.exp(tl.cumsum(g_next, 0, reverse=True))[:, None]).to(COMPUTE)
         S = S * tl.exp(tl.sum(g, 0))
     return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
 
@@ -101,11 +105,13 @@ def _offdiag_tile(qb, k_base, g_base, t_j, D, s_k, offs_k, kmask, c: tl.constexp
     D [BK]: e^{r_i − r_{j+1}}, the decay between the end of j and the start of i.
     Returns the tile and e^{γ_j} [BK] (γ_j: the gates of j summed), which extends D to j − 1.
     """
-    p = (t_j + tl.arange(0, c))[:, None] * s_k + offs_k[None, :]
+    idx = tl.arange(0, c)
+    p = (t_j + idx)[:, None] * s_k + offs_k[None, :]
     k_j = tl.load(k_base + p, mask=kmask[None, :], other=0.0).to(tl.float32)             # [c, BK]
     g_j = tl.load(g_base + p, mask=kmask[None, :], other=0.0)                            # [c, BK]
-    after = tl.cumsum(g_j, 0, reverse=True) - g_j                 # r_{j+1} − b_s, ≤ 0
-    k_hat = (k_j * tl.exp(tl.minimum(after, 0.0)) * D[None, :]).to(COMPUTE)             # [c, BK], ≤ |k|
+    # r_{j+1} − b_s: the gates after s in sub-chunk j, summed from its end (as in _state_step)
+    g_next = tl.load(g_base + p + s_k, mask=(idx < c - 1)[:, None] & kmask[None, :], other=0.0)
+    k_hat = (k_j * tl.exp(tl.cumsum(g_next, 0, reverse=True)) * D[None, :]).to(COMPUTE)  # [c, BK], ≤ |k|
     return dot(qb, tl.trans(k_hat), IEEE), tl.exp(tl.sum(g_j, 0))
 
 
