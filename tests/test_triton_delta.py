@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from linattn import device, naive, testing
+from linattn.chunk import delta as cdelta
 from linattn.triton import delta as tri
-from linattn.validate import InputError
+from linattn.validate import InputError, check_inputs
 
 DEV = device.default_device()
 GPU = DEV == "cuda"
@@ -64,12 +65,47 @@ def test_head_dim_256(op, gate, dtype):
     assert testing.rel_err(S, S_ref) <= testing.tolerance(dtype)
 
 
-@pytest.mark.parametrize("gate", ["per_head", "per_dim"])
-def test_strong_gates(gate):
-    # log-gates down to −20 per token: e^{±G} over a chunk would be 0 or inf in float32
-    (o, S), (o_ref, S_ref) = run("kda", gate, 1, 90, 2, 32, 32, 64, torch.float32, strength="strong")
-    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
-    assert testing.rel_err(S, S_ref) <= testing.tolerance(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("gate, chunk", [("per_head", 64), ("per_dim", 64), ("per_dim", 16),
+                                         ("per_dim", 128)])
+def test_strong_gates(gate, chunk, dtype):
+    # log-gates down to −20 per token: e^{±G} over a chunk would be 0 or inf in float32; every
+    # chunk size (one to eight sub-chunks: the diagonal blocks' column recursion, the split dots)
+    (o, S), (o_ref, S_ref) = run("kda", gate, 1, 150, 2, 32, 32, chunk, dtype, strength="strong")
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, S_ref) <= testing.tolerance(dtype)
+
+
+def stage_refs(args, C):
+    """The chunk level's float64 A (β on its rows, strict), (I + A)⁻¹, W, U and scale·Aqk, each
+    [B, T, H, *] like the kernels' outputs (row t holds its chunk's row)."""
+    a = testing.to_float64(args)
+    g = a.get("g")
+    d = check_inputs(a["q"], a["k"], a["v"], g=g, beta=a["beta"], gate=g is not None, delta=True)
+    kc = cdelta.to_chunks(a["k"], C)                                    # [B, H, N, C, K]
+    gc = cdelta.chunk_gates(g, d, C, kc.device)
+    A = cdelta.to_chunks(a["beta"][..., None], C) * cdelta.decayed_scores(kc, kc, gc, strict=True)
+    f = cdelta.factors(a["q"], a["k"], a["v"], g, a["beta"], d, C, delta=True)
+    return {name: cdelta.from_chunks(x, d.T) for name, x in
+            dict(a=A, ai=cdelta.unit_lower_inverse(A), w=f.W, u=f.U, aqk=f.Aqk * d.scale).items()}
+
+
+@pytest.mark.parametrize("gate, chunk", [(None, 64), ("per_head", 32), ("per_dim", 64),
+                                         ("per_dim", 128), ("per_dim", 16)])
+def test_stage_one_kernels(gate, chunk):
+    # scores, inverse and W/U one by one against the chunk level: a wrong block in one of them
+    # (e.g. a diagonal block of the inverse, or a split dot) shows here by name
+    op = "delta_rule" if gate is None else "kda"
+    args = testing.make_inputs(op, B=2, T=150, H=2, K=32, V=48, gate=gate or "per_dim",
+                               device=DEV, seed=8)
+    g = args.get("g")
+    d = check_inputs(args["q"], args["k"], args["v"], g=g, beta=args["beta"],
+                     gate=g is not None, delta=True)
+    p = tri.plan(args["q"], g, d, chunk)
+    with testing.poisoned():
+        ours = tri.wy_stage(args["q"], args["k"], args["v"], g, args["beta"], p)
+    for name, ref in stage_refs(args, chunk).items():
+        assert testing.rel_err(ours[name], ref) <= testing.tolerance(torch.float32), name
 
 
 @pytest.mark.parametrize("chunk", [16, 32, 128])

@@ -46,7 +46,7 @@ MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs.
-TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=2)
+TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=3)
 
 
 def state_block(V, BH, sms=None):

@@ -31,7 +31,7 @@ SUB = 16          # sub-chunk: the side of the diagonal blocks done element by e
 BS = tl.constexpr(SUB)  # the same, as kernels see it
 # Warps per program. Compiled for sm_90 (bf16, K = V = 128, C = 64), 4 warps spilled in the KDA
 # scores kernel and in the W/U kernel (255 registers + stack); 8 warps do not spill there.
-TUNING = dict(warps_scores=8, warps_inverse=4, warps_wu=8)
+TUNING = dict(warps_scores=4, warps_inverse=2, warps_wu=4)
 
 
 def scores_stage(q, k, g, beta, p) -> dict:
@@ -39,7 +39,8 @@ def scores_stage(q, k, g, beta, p) -> dict:
     tile dtype (diagonal included); row t holds its chunk's row, zeros right of the diagonal."""
     a = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
     aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
-    _scores_kernel[(p.NT, p.B * p.H)](
+    # KDA: one program per (chunk, head, sub-chunk); else per (chunk, head)
+    _scores_kernel[(p.NT, p.B * p.H, p.C // SUB if p.gate == 2 else 1)](
         q, k, g if p.gate else q, beta, a, aqk, p.scale, p.T, p.H,
         K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         num_warps=TUNING["warps_scores"])
@@ -64,7 +65,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
     dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     BV = min(block(V), 64)
-    _wu_kernel[(p.NT, B * H, 1 + triton.cdiv(V, BV))](
+    _wu_kernel[(p.NT, B * H, (2 if p.gate else 1) + triton.cdiv(V, BV))](
         q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate else w, kd,
         dl if p.gate else w, p.scale, T, p.NT, H,
         K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
@@ -93,13 +94,13 @@ def _f32(a, b, X3: tl.constexpr):
 
 
 @triton.jit
-def _kda_subchunk(q, k, g, beta, a, aqk, s: tl.constexpr, n, b, h, scale, T, H,
+def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
                   K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
                   IEEE: tl.constexpr):
     """Rows 16 s … 16 s + 15 of A and Aqk for per-dimension gates; stores them.
 
-    Every tile is loaded here (the chunk's earlier rows come from L1/L2 again for each s): tiles
-    kept across sub-chunks made the kernel spill."""
+    One program per sub-chunk s: four times the programs of one per chunk, to hide the latency
+    of the column loop below, whose steps depend on each other."""
     r = tl.arange(0, BS)
     rows = tl.arange(0, C)
     dk = tl.arange(0, BK)
@@ -134,13 +135,14 @@ def _kda_subchunk(q, k, g, beta, a, aqk, s: tl.constexpr, n, b, h, scale, T, H,
     E = tl.zeros((BS, BK), dtype=tl.float32)
     Da = tl.zeros((BS, BS), dtype=tl.float32)
     Dq = tl.zeros((BS, BS), dtype=tl.float32)
-    for c in range(BS):
+    for c in tl.static_range(BS):   # unrolled: the row loads of all columns can start at once
         jj = BS - 1 - c
         tj = n * C + s * BS + jj
         rj = (s * BS + jj) * H
-        nxt = (jj + 1 < BS) & (tj + 1 < T)
-        gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & nxt, other=0.0).to(tl.float32)  # g_{j+1}
-        E = tl.where(r[:, None] == jj, 1.0, E * tl.exp(gn)[None, :])              # [16, BK]
+        if jj + 1 < BS:
+            gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T), other=0.0).to(tl.float32)
+            E = E * tl.exp(gn)[None, :]                                           # × e^{g_{j+1}}
+        E = tl.where(r[:, None] == jj, 1.0, E)                                    # [16, BK]
         kj = tl.load(k + rj * K + dk, mask=(dk < K) & (tj < T), other=0.0).to(tl.float32)  # [BK]
         wj = E * kj[None, :]
         Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)    # column j
@@ -180,8 +182,7 @@ def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.co
     dk = tl.arange(0, BK)
     mk = tm[:, None] & (dk[None, :] < K)
     if GATE == 2:
-        for s in tl.static_range(C // BS):
-            _kda_subchunk(q, k, g, beta, a, aqk, s, n, b, h, scale, T, H, K, C, BK, DT, IEEE)
+        _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE)
     else:
         kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)  # [C, BK]
         qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)
@@ -210,22 +211,29 @@ def _inverse_kernel(a, ai, T, H, C: tl.constexpr, X3: tl.constexpr):
     r = tl.arange(0, BS)
     jc = tl.arange(0, C)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)                           # [16, 16]
+    # 1. the diagonal blocks, independent of each other (unrolled, so their chains interleave):
+    # row m of R = 𝒯_ii − I solves R_m = −A_m − Σ_{l<m} A_ml R_l, with A_m read from memory
+    # (no row is pulled out of a register tile); rows above m are final already
     for i in tl.static_range(C // BS):
         ti = n * C + i * BS + r
         ri = (i * BS + r) * H                                                     # [16] rows of block i
-        mi = (ti < T)[:, None]
-        # diagonal block: row m of R = 𝒯_ii − I solves R_m = −A_m − Σ_{l<m} A_ml R_l, with A_m
-        # read from memory; rows above m are final already
         R = tl.zeros((BS, BS), dtype=tl.float32)
-        for m in range(1, BS):
-            tm_ = n * C + i * BS + m
+        for m in tl.static_range(1, BS):
             am = tl.load(a + (i * BS + m) * H * C + i * BS + r,
-                         mask=(r < m) & (tm_ < T), other=0.0)                     # [16] A_m in block
+                         mask=(r < m) & (n * C + i * BS + m < T), other=0.0)     # [16] A_m in block
             Rm = -am - tl.sum(am[:, None] * R, axis=0)
             R = tl.where(r[:, None] == m, Rm[None, :], R)
-        Dinv = R + eye                                                            # [16, 16] 𝒯_ii
-        tl.store(ai + ri[:, None] * C + i * BS + r[None, :], Dinv, mask=mi)
-        # blocks left of it: 𝒯_ij = −𝒯_ii Σ_{m=j}^{i−1} A_im 𝒯_mj
+        tl.store(ai + ri[:, None] * C + i * BS + r[None, :], R + eye, mask=(ti < T)[:, None])
+        # zeros right of the diagonal block (columns disjoint from every other store)
+        tl.store(ai + ri[:, None] * C + jc[None, :], tl.zeros((BS, C), dtype=tl.float32),
+                 mask=(ti < T)[:, None] & (jc[None, :] >= (i + 1) * BS))
+    # 2. blocks below the diagonal, row block after row block: 𝒯_ij = −𝒯_ii Σ_{m=j}^{i−1} A_im 𝒯_mj
+    for i in tl.static_range(1, C // BS):
+        tl.debug_barrier()                                       # earlier row blocks are visible
+        ti = n * C + i * BS + r
+        ri = (i * BS + r) * H
+        mi = (ti < T)[:, None]
+        Dinv = tl.load(ai + ri[:, None] * C + i * BS + r[None, :], mask=mi, other=0.0)  # 𝒯_ii
         for j in tl.static_range(i):
             acc = tl.zeros((BS, BS), dtype=tl.float32)
             for m in tl.static_range(j, i):
@@ -236,18 +244,14 @@ def _inverse_kernel(a, ai, T, H, C: tl.constexpr, X3: tl.constexpr):
                               mask=(tmm < T)[:, None], other=0.0)                 # [16, 16]
                 acc += _f32(Aim, Tmj, X3)
             tl.store(ai + ri[:, None] * C + j * BS + r[None, :], -_f32(Dinv, acc, X3), mask=mi)
-        # zeros right of the diagonal block (columns disjoint from the stores above)
-        tl.store(ai + ri[:, None] * C + jc[None, :], tl.zeros((BS, C), dtype=tl.float32),
-                 mask=mi & (jc[None, :] >= (i + 1) * BS))
-        tl.debug_barrier()                                                        # row block i visible
 
 
 @triton.jit
 def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    # grid axis 2: part 0 computes W (and the gated extras), part p ≥ 1 the V-block p − 1 of U;
-    # one product per program keeps the tiles of a 4-warp program in registers
+    # grid axis 2 splits the work into programs of similar size: part 0 computes W (and
+    # scale · Q ⊙ e^G), with gates part 1 the decays for the state pass, the rest one V-block of U
     n, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -262,30 +266,30 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
     jc = tl.arange(0, C)
     row = jc * H                                                                  # [C]
     bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
-    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
-    if part > 0:
-        dv = (part - 1) * BV + tl.arange(0, BV)
+    UP: tl.constexpr = 2 if GATE > 0 else 1                                       # first U part
+    if part >= UP:
+        Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
+        dv = (part - UP) * BV + tl.arange(0, BV)
         mv = tm[:, None] & (dv[None, :] < V)
         vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
         Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                             # [C, BV]
         tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
+    elif part == 0:
+        _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K, C, BK, GATE, DT, IEEE)
     else:
-        _w_part(q, k, g, Ti, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K, C, BK, GATE,
-                DT, IEEE)
+        _decay_part(k, g, kd, dl, row, t, n, bh, T, NT, H, K, C, BK, GATE)
 
 
 @triton.jit
-def _w_part(q, k, g, Ti, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K: tl.constexpr,
-            C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
-            IEEE: tl.constexpr):
-    """W = 𝒯 (β K ⊙ e^G); with gates also scale · Q ⊙ e^G, K ⊙ e^{G_C − G} and e^{G_C}."""
+def _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K: tl.constexpr, C: tl.constexpr,
+            BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """W = 𝒯 (β K ⊙ e^G); with gates also scale · Q ⊙ e^G (e^G ≤ 1: G from the chunk start)."""
     tm = t < T
     dk = tl.arange(0, BK)
     jc = tl.arange(0, C)
     mk = tm[:, None] & (dk[None, :] < K)
     kb = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32) * bt[:, None]
     if GATE > 0:
-        # G_i from the chunk start: e^{G} ≤ 1 for W (β K ⊙ e^G) and for scale · Q ⊙ e^G
         if GATE == 2:
             eg = tl.exp(tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk,
                                           other=0.0).to(tl.float32), axis=0))     # [C, BK]
@@ -294,23 +298,33 @@ def _w_part(q, k, g, Ti, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K: t
         kb = kb * eg
         qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
         tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty), mask=mk)
+    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
     Wt = dot(Ti, kb.to(DT), IEEE)                                                 # [C, BK]
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
-    if GATE > 0:
-        # for the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
-        # from the chunk end over the gates shifted up one row, not as a difference of prefix sums
-        # (which loses the small remainder next to a large G_i); padded rows have g = 0
-        nxt = ((t + 1) < T) & (jc < C - 1)
-        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
-        if GATE == 2:
-            gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
-                          mask=nxt[:, None] & (dk[None, :] < K), other=0.0).to(tl.float32)
-            gc = tl.sum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
-                        axis=0)                                                   # [BK] G_C
-            tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                   # [C, BK]
-        else:
-            gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)        # [C]
-            gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)
-            tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]
-        tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
-        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
+
+
+@triton.jit
+def _decay_part(k, g, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C: tl.constexpr,
+                BK: tl.constexpr, GATE: tl.constexpr):
+    """For the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
+    from the chunk end over the gates shifted up one row, not as a difference of prefix sums
+    (which loses the small remainder next to a large G_i); padded rows have g = 0."""
+    tm = t < T
+    dk = tl.arange(0, BK)
+    jc = tl.arange(0, C)
+    mk = tm[:, None] & (dk[None, :] < K)
+    nxt = ((t + 1) < T) & (jc < C - 1)
+    kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
+    if GATE == 2:
+        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
+                      mask=nxt[:, None] & (dk[None, :] < K), other=0.0).to(tl.float32)
+        gc = tl.sum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
+                    axis=0)                                                       # [BK] G_C
+        tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                       # [C, BK]
+    else:
+        gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)            # [C]
+        gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32),
+                                                        axis=0)
+        tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]
+    tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
+    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
