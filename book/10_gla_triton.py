@@ -23,9 +23,8 @@ if "google.colab" in sys.modules:
 # **Goal.** Chapter 05 built the chunkwise GLA forward with secondary chunking in PyTorch; chapter
 # 09 wrote a first Triton kernel. Here the two meet: the GLA forward as Triton kernels, with
 #
-# * the intra-chunk matrix built from $c\times c$ tiles on chip — off-diagonal tiles as
-#   tensor-core matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative
-#   column walk;
+# * the intra-chunk matrix built from $c\times c$ tiles — off-diagonal tiles as tensor-core
+#   matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative column walk;
 # * a design choice made twice and measured: walk the chunks in **one fused pass** with the
 #   state on chip, or **materialise the chunk states** first and compute every chunk in parallel;
 # * the two shapes of the GLA paper's Figure 2: time against sequence length next to softmax
@@ -69,16 +68,25 @@ DEV = linattn.device.default_device()
 #
 # | kernel | grid (programs) | sequential over chunks? | what it computes |
 # |---|---|---|---|
+# | `_local_cumsum_kernel` | (columns of $H\cdot K$, chunk, batch) | no | $b$, float32 (per-dimension gates) |
+# | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $A$, $[B,T,H,C]$ float32: secondary chunking |
 # | `_states_kernel` | (K-block, V-block, batch·head) | **yes** | the state entering every chunk, $[B,H,N_T,K,V]$ |
-# | `_output_kernel` | (V-block, sub-chunk of a chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$, $A$ built on chip |
+# | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$ per chunk |
 # | `_fused_kernel` | (V-block, batch·head) | **yes** | output and state step together, state in registers |
 #
-# `mode="states"` runs the first two; `mode="fused"` the last. No kernel reads $b$ or $A$ from
-# memory: each sums the gates of the tile it loads, and the output step multiplies each tile of
-# $A$ by its values as soon as it is built. For per-head gates the decay leaves the sum over
-# $\kappa$, so $A = (QK^\top)\odot e^{\,b_t-b_s}$ is one matmul per chunk; for linear attention
-# ($g=0$) the same kernels run with the gate compiled out (chapter 09). A fourth kernel,
-# `_intra_kernel`, writes $A$ out for this chapter to look at; the forward pass does not use it.
+# `mode="states"` runs the first four; `mode="fused"` runs the first two and the fused one. For
+# per-head gates the decay leaves the sum over $\kappa$, so $A = (QK^\top)\odot e^{\,b_t-b_s}$ is one
+# matmul inside the output step, the intra kernel is skipped, and the $C$ gates of a chunk are
+# summed inside each kernel that loads them (no $b$ in memory); for linear attention ($g=0$) the
+# same kernels run with the gate compiled out (chapter 09).
+#
+# We also tried the per-dimension case without $A$ and $b$ in memory: each kernel summing its
+# gates, and the output kernel building the tiles of $A$ and multiplying them by $V$ on chip. On
+# an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$) it took 3.24 ms against 1.88 ms
+# for the pipeline above in an earlier run; its state pass alone took 0.69 ms, three times FLA's
+# 0.22 ms for the same step. Not profiled further; a likely reason is that its `tl.cumsum` of a
+# $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
+# reads $b$. Saving memory traffic is not always saving time.
 
 # %%
 B, T, H, K, V = 1, pick(cpu=90, gpu=2000), 2, 32, 48
@@ -89,51 +97,40 @@ q, k, v, g, S0 = (args[n] for n in ("q", "k", "v", "g", "initial_state"))
 d = check_inputs(q, k, v, g=g, gate=True)
 NT = -(-T // C)
 print(f"T={T}, C={C}, c={c}: {NT} chunks (the last has {T - (NT - 1) * C} tokens)")
-print(f"programs — states pass: {B * H} × K/V blocks, output: {C // c * NT * B * H} × V blocks, "
-      f"fused: {B * H} × V blocks")
+print(f"programs — intra: {C // c * NT * B * H}, states pass: {B * H} × K/V blocks, "
+      f"output: {NT * B * H} × V blocks, fused: {B * H} × V blocks")
 
 # %% [markdown]
-# ## 2. Cumulative gates, summed where they are used
+# ## 2. Cumulative gates
 #
-# Every kernel loads the log-gates of the rows it works on anyway, as a $[C, K_b]$ (or $[c, K]$)
-# float32 tile, so it sums them itself: `tl.cumsum(g, 0)` gives $b$ down the rows. The state
-# step needs the decay from each key to the chunk's end, $b_\text{last}-b_s = \sum_{u>s} g_u$:
-# the kernel loads the same tile once more, one row down ($g_{s+1}$ in row $s$, 0 past the
-# chunk), and sums it from the end, `tl.cumsum(g_next, 0, reverse=True)`. That is exactly 0 on
-# the last row, never positive, and its rounding error stays proportional to its own size —
-# $b_\text{last}-b_s$ as a difference of two prefix sums carries the rounding error of
-# $b_\text{last}$, which under strong gates is large while the difference is small (chapter 03's
-# `decay.suffix` makes the same choice). An earlier version wrote $b$ to memory with a kernel of
-# its own: a float32 tensor as large as $g$, written once and read three times, 0.12 ms at the
-# benchmark size. The same two sums in PyTorch, checked against chapter 03's helpers:
+# For per-dimension gates the first kernel views $g$ as $[B, T, H\cdot K]$, loads a $[C, 128]$
+# tile per program and writes its running sum down the rows (`tl.cumsum`), restarting at every
+# chunk. It is cheap (one read, one write) and lets every later kernel read $b$ for any row it
+# needs, rather than recomputing a prefix sum. (Per-head gates are $C$ numbers per chunk: there
+# each kernel sums them itself. The state step needs $b_\text{last}-b_s = \sum_{u>s} g_u$; it
+# loads the gates one row down and sums them from the end, `tl.cumsum(g_next, 0, reverse=True)`,
+# which is exactly 0 on the last row and keeps its rounding error proportional to its own size,
+# as chapter 03's `decay.suffix` does.) Check $b$ against the PyTorch helper of chapter 03:
 
 # %%
-b = decay.chunk_local_prefix(g, C)                                   # [B, T, H, K]: b per chunk
-chunks = g[:, :(T // C) * C].unflatten(1, (T // C, C))               # whole chunks: [B, N, C, H, K]
-g_next = torch.cat([chunks[:, :, 1:], torch.zeros_like(chunks[:, :, :1])], dim=2)   # row s holds g_{s+1}
-after = g_next.flip(2).cumsum(2).flip(2)                             # Σ_{u > s} g_u, summed from the end
-after_ref = decay.suffix(chunks.double(), dim=2)
-print(f"b max {b.max().item():.3f} (≤ 0) · suffix sums: rel err vs float64 {testing.rel_err(after, after_ref):.1e}, "
-      f"last row {after[:, :, -1].abs().max().item()}")
-assert b.max() <= 0 and after[:, :, -1].abs().max() == 0
-assert testing.rel_err(after, after_ref) < testing.tolerance(torch.float32)
+b = gated.local_cumsum(g, C)
+b_ref = decay.chunk_local_prefix(g.double(), C)
+print(f"b: rel err vs float64 {testing.rel_err(b, b_ref):.1e}, max {b.max().item():.3f} (≤ 0)")
+assert testing.rel_err(b, b_ref) < testing.tolerance(torch.float32)
 
 # %% [markdown]
-# ## 3. The intra-chunk matrix: secondary chunking inside the output kernel
+# ## 3. The intra-chunk matrix: secondary chunking as a kernel
 #
-# One output program owns the $c$ rows of sub-chunk $i$ of one chunk (and all of $V$ up to 128
-# columns, so each tile is built once). With $r_i$ the cumulative gate just before sub-chunk $i$
-# ($0$ for the first), it loads its queries once and absorbs the decay relative to $r_i$:
+# One program owns the $c$ rows of sub-chunk $i$ of one chunk. With $r$ the cumulative gate just
+# before sub-chunk $i$ (a row of $b$, or $0$ for the first sub-chunk), it loads its queries once
+# and absorbs the decay relative to $r$:
 #
-# $$\hat Q_i = Q_i\odot e^{\,B_i-r_i}\quad(\le |Q_i|),\qquad
-#   \text{for each } j<i:\ \hat K_j = K_j\odot e^{\,r_i-B_j}\quad(\le |K_j|),\qquad
+# $$\hat Q_i = Q_i\odot e^{\,B_i-r}\quad(\le |Q_i|),\qquad
+#   \text{for each } j<i:\ \hat K_j = K_j\odot e^{\,r-B_j}\quad(\le |K_j|),\qquad
 #   A_{ij} = \hat Q_i\hat K_j^\top .$$
 #
-# It walks $j = i-1,\dots,0$ and splits $e^{\,r_i-B_j} = e^{\,r_{j+1}-B_j}\cdot e^{\,r_i-r_{j+1}}$: the
-# first factor is the suffix sum of section 2 inside sub-chunk $j$, the second a $[K]$ vector
-# that grows by one factor $e^{\gamma_j}$ (the sub-chunk's total gate) per step — both $\le 1$.
 # Both operands are cast to the input dtype, so for bf16 inputs each off-diagonal tile is one
-# tensor-core `tl.dot` with float32 accumulation, and $A_{ij}V_j$ a second one, right away.
+# tensor-core `tl.dot` with float32 accumulation.
 #
 # The diagonal tile $A_{ii}$ has no split point between its queries and keys (chapter 05), so
 # it is built in float32, column by column. Computing $e^{\,b_{t\kappa}-b_{s\kappa}}$ afresh for
@@ -146,12 +143,12 @@ assert testing.rel_err(after, after_ref) < testing.tolerance(torch.float32)
 #
 # $$A_{ts} = \sum_\kappa q_{t\kappa}\,k_{s\kappa}\,E_s[t,\kappa].$$
 #
-# One exponential per key dimension per column, every factor $\le 1$ (products that underflow
-# become 0, which is what they are), and rows $t<s$ are exact zeros, never a masked $\infty$.
+# One exponential per key dimension per column (of the gate $g_{s+1}$ itself, read from $g$),
+# every factor $\le 1$ (products that underflow become 0, which is what they are), and rows
+# $t<s$ are exact zeros, never a masked $\infty$.
 #
-# The forward pass never writes $A$. To look at it, `gated.intra_attention` runs the same tile
-# functions in a kernel that stores the tiles instead. Check each chunk's $A$ against chapter
-# 05's PyTorch construction (float32 here, so the tiles multiply in float32 in both):
+# Check each chunk's $A$ against chapter 05's PyTorch construction (float32 here, so the tiles
+# multiply in float32 in both):
 
 # %%
 A = gated.intra_attention(q, k, g, d, C, c)                  # [B, T, H, C]
@@ -208,12 +205,15 @@ assert finite
 # The only inherently sequential part: one program per (K-block, V-block, batch·head) walks the
 # chunks, stores the state it enters each chunk with, and steps it:
 # $S \leftarrow \mathrm{diag}(e^{b_\text{last}})S + (K\odot e^{\,b_\text{last}-B})^\top V$ — one
-# `tl.dot` per chunk, $[K_b, C]\times[C, V_b]$, the key decays from the suffix sums of section 2.
-# Split over K and V blocks, the columns and rows of $S$ evolve independently, so blocks add
-# parallelism for free; `gated.state_blocks` picks the widest blocks that still give every
-# multiprocessor a program (at $B\cdot H = 16$ heads, $64\times64$ blocks make only 64 programs
-# for an H200's 132). The stored state of chunk $n$ must equal the recurrence's state after $nC$
-# tokens:
+# `tl.dot` per chunk, $[K_b, C]\times[C, V_b]$. Split over K and V blocks, the columns and rows of
+# $S$ evolve independently, so blocks add parallelism for free — up to a point: at
+# $B\cdot H = 16$ heads, $64\times64$ blocks make only 64 programs for an H200's 132
+# multiprocessors, yet $32\times32$ blocks (256 programs, two pipeline stages instead of three)
+# measured slower: 0.52 against 0.29 ms for linear attention at $T = 32768$, in two runs on the
+# same kind of GPU. A likely reason is that each program then moves more bytes per multiply (both
+# settings changed at once, so the run does not separate them). The library keeps $64\times64$
+# (`gated.STATE_BLOCK`). The stored state of chunk $n$ must equal the
+# recurrence's state after $nC$ tokens:
 
 # %%
 h, S_T = gated.chunk_states(k, v, g, d, s0=S0.float().contiguous(),
@@ -232,13 +232,12 @@ assert testing.rel_err(S_T, S_end) < testing.tolerance(torch.float32)
 # %% [markdown]
 # ## 5. The output, in both modes
 #
-# Given the entering state, sub-chunk $i$'s output is
-# $O_i = \text{scale}\,\big((Q_i\odot e^{B_i})S + \sum_{j\le i}A_{ij}V_j\big)$ — the tiles of $A$ cast to
-# the input dtype for the tensor cores as they are built. (For per-head gates and linear
-# attention the whole chunk is two matmuls, the causal half of $A$ selected with `tl.where`.)
-# `mode="states"` does this for every sub-chunk in parallel from the stored states;
-# `mode="fused"` does it inside the chunk loop, right before the state step, and never stores a
-# state. Check both against the float64 recurrence, for each dtype and both gate shapes:
+# Given $A$ and the entering state, a chunk's output is two matmuls:
+# $O = \text{scale}\,\big((Q\odot e^{B})S + AV\big)$ — $A$ cast to the input dtype for the tensor
+# cores, the causal half selected with `tl.where` (a select, not a product, so entries never
+# written cannot leak). `mode="states"` does this for every chunk in parallel from the stored
+# states; `mode="fused"` does it inside the chunk loop, right before the state step, and never
+# stores a state. Check both against the float64 recurrence, for each dtype and both gate shapes:
 
 # %%
 for gate in ("per_dim", "per_head"):
@@ -265,8 +264,7 @@ print("ran:", linattn.which("gla"))
 #   no state ever leaves the chip.
 # * states: the state pass has $B\cdot H\cdot\lceil K/K_b\rceil\lceil V/V_b\rceil$ sequential programs
 #   (one `tl.dot` per chunk: short steps), then $B\cdot H\cdot N_T\cdot\lceil V/B_V\rceil$ output
-#   programs in parallel (times $C/c$ for per-dimension gates); it writes and reads back
-#   $B\cdot H\cdot N_T\cdot K\cdot V$ state values.
+#   programs in parallel; it writes and reads back $B\cdot H\cdot N_T\cdot K\cdot V$ state values.
 #
 # At the benchmark setting ($B\cdot T = 32\,768$ tokens, $H=16$, $K=V=128$, bf16, $C=64$, $B_V=64$),
 # the number of states is the same at every $T$ — 512 chunks × 16 heads — so materialising always
@@ -292,8 +290,8 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # traffic — and its sequential pass does one matmul per chunk instead of four. So the model says:
 # fused for many short sequences, states for few long ones. `mode="auto"` follows what was
 # measured rather than the model alone (`gated.choose_mode`, with the numbers in its comments):
-# for linear attention fused while its grid has more programs than half the multiprocessors,
-# for GLA always states.
+# for linear attention and per-head gates fused while its grid has more programs than half the
+# multiprocessors, for per-dimension gates always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
 # shows the recorded run (NVIDIA H200, 2026-11-21, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
@@ -483,10 +481,10 @@ else:
 # %% [markdown]
 # ## Summary
 #
-# * GLA in Triton is two kernels, sorted by parallelism: the state pass (the only sequential
-#   part) and the output, which builds the intra-chunk matrix on chip by secondary chunking
-#   (matmul tiles below the diagonal, float32 diagonal tiles by a multiplicative column walk) —
-#   or both fused into one loop with the state in registers. Each kernel sums the gates it loads.
+# * GLA in Triton is five small kernels, sorted by parallelism: cumulative gates, the intra-chunk
+#   matrix (secondary chunking: matmul tiles below the diagonal, float32 diagonal tiles by a
+#   multiplicative column walk), the state pass (the only sequential part), and the output — or
+#   the state pass and the output fused into one loop with the state in registers.
 # * Every exponent is a difference measured from a point before the query: all factors $\le 1$,
 #   finite for log-gates of −20 per token.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the

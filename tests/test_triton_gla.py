@@ -91,27 +91,27 @@ def test_intra_chunk_tiles_match_float64(strength):
         assert testing.rel_err(mine, ref) <= testing.tolerance(torch.float32), (t0, testing.rel_err(mine, ref))
 
 
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
 @pytest.mark.parametrize("mode", ["fused", "states"])
-def test_value_and_state_blocks(monkeypatch, mode):
-    """V split over several output blocks (V > 128), state pass over several K and V blocks, and
-    output programs covering two sub-chunks, one of them past the end of a short last chunk."""
-    monkeypatch.setattr(gated, "STATE_BLOCKS", (16, 16))
-    monkeypatch.setattr(gated, "OUTPUT_SUBS", 2)
-    args = inputs(1, 83, 1, 40, 144, seed=5)                # K = 40: three 16-wide K blocks, the last masked
+def test_value_and_state_blocks(monkeypatch, mode, gate):
+    """V split over several output blocks, the state pass over several K and V blocks (the last
+    K block masked), a short last chunk."""
+    monkeypatch.setattr(gated, "STATE_BLOCK", 16)
+    args = inputs(1, 83, 1, 40, 144, gate=gate, seed=5)     # K = 40: three 16-wide K blocks
     assert_close(args, *run(args, chunk_size=64, sub_chunk_size=16, mode=mode))   # last chunk: 19 rows
 
 
 def test_block_and_mode_rules(monkeypatch):
-    """The launch rules say what the measurements said (docs/perf_notes.md); an H200 has 132 SMs."""
-    assert gated.state_blocks(128, 128, 32 * 16, sms=132) == (64, 64)      # T = 1k: plenty of programs
-    assert gated.state_blocks(128, 128, 16, sms=132) == (32, 32)           # T = 32k: 256 programs, not 64
-    assert gated.state_blocks(16, 16, 1, sms=132) == (16, 16)              # narrow heads: as small as allowed
-    assert gated.output_blocks(128, 128) == (128, 128) and gated.output_blocks(256, 256) == (256, 64)
+    """The launch rules say what the measurements said (comments in gated.py); an H200 has 132 SMs."""
+    assert gated.output_blocks(128, 128, gated.NO_GATE, ieee=False) == (128, 128)
+    assert gated.output_blocks(128, 128, gated.HEAD_GATE, ieee=True) == (128, 64)
+    assert gated.output_blocks(256, 256, gated.NO_GATE, ieee=False) == (256, 64)
+    assert gated.output_blocks(128, 128, gated.DIM_GATE, ieee=False) == (128, 64)
     monkeypatch.setattr(gated, "num_sms", lambda: 132)
-    assert gated.choose_mode("auto", gated.NO_GATE, 4, 16, 128) == "fused"    # T = 8k: 128 programs
-    assert gated.choose_mode("auto", gated.NO_GATE, 2, 16, 128) == "states"   # T = 16k: 64 programs
-    assert gated.choose_mode("auto", gated.DIM_GATE, 32, 16, 128) == "states"
-    assert gated.choose_mode("auto", gated.HEAD_GATE, 32, 16, 128) == "states"
+    for gate in (gated.NO_GATE, gated.HEAD_GATE):
+        assert gated.choose_mode("auto", gate, 4, 16, 128, 128) == "fused"    # T = 8k: 128 programs
+        assert gated.choose_mode("auto", gate, 2, 16, 128, 128) == "states"   # T = 16k: 64 programs
+    assert gated.choose_mode("auto", gated.DIM_GATE, 32, 16, 128, 128) == "states"
 
 
 def test_zero_gate_is_linear_attention():

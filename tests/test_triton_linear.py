@@ -54,7 +54,7 @@ def test_wide_heads(mode):
 @pytest.mark.parametrize("mode", ["fused", "states"])
 def test_value_and_state_blocks(monkeypatch, mode):
     """V over two output blocks (V > 128) and the state pass over several K and V blocks."""
-    monkeypatch.setattr(gated, "STATE_BLOCKS", (16, 16))
+    monkeypatch.setattr(gated, "STATE_BLOCK", 16)
     args = testing.make_inputs("linear_attn", B=1, T=50, H=2, K=40, V=144, device=DEV, initial_state=True)
     assert_close(args, *run(args, chunk_size=32, mode=mode))
 

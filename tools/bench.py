@@ -106,7 +106,7 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
 
 
 def suite_chunks(T, chunk_sizes, log, size):
-    """GLA states mode as C varies: inter = the state pass, intra = the output kernel (A built on chip)."""
+    """GLA states mode as C varies: inter = local cumsum + state pass, intra = the rest (A and output)."""
     from linattn.triton import gated
     from linattn.validate import check_inputs
 
