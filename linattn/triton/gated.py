@@ -316,8 +316,9 @@ def blocks(K: int, V: int):
 
 def output_blocks(K: int, V: int, gate: int, ieee: bool):
     """(BK, BV) of the states-mode output program. Without per-dimension gates, V up to 128 wide:
-    measured on an H200 at T = 32768 (linear attention, bf16, K = V = 128), the output kernel took
-    0.226 ms with 128 columns against 0.259 ms with 64 (q and k loaded once per chunk, not twice).
+    on an H200 at T = 32768 (linear attention, bf16, K = V = 128) the output kernel took about
+    0.226 ms with 128 columns (a states call minus its state pass, D1 run of ~14:35 UTC) against
+    0.259 ms with 64 (tools/profile_ops.py, earlier): q and k are loaded once per chunk, not twice.
     The state tile stays ≤ 128×128 half-precision or 8192 float32 values (larger ones spilled
     registers when compiled for sm_90, and float32 tiles of 128×128 took 20–30 s to compile)."""
     BK = block(K)
