@@ -76,6 +76,23 @@ def test_strong_gates(gate, chunk, dtype):
     assert testing.rel_err(S, S_ref) <= testing.tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mixed_gate_strengths(dtype):
+    # KDA builds a 16×16 diagonal block by one dot when its gates decay by less than
+    # DIAG_DOT_RANGE over the sub-chunk, else column by column: here sub-chunks of both kinds sit
+    # in one chunk, and one strong token next to weak ones sits at the edge of the bound
+    args = testing.make_inputs("kda", B=1, T=100, H=2, K=32, V=32, dtype=dtype, device=DEV, seed=9)
+    g = args["g"].clone()
+    g[:, 16:32] = -20 * torch.rand(g[:, 16:32].shape, device=DEV)           # sub-chunk 1: strong
+    g[:, 70] = -50.0                                                        # one big step in sub-chunk 4
+    args["g"] = g
+    ref = naive.kda(**testing.to_float64(args), output_final_state=True)
+    with testing.poisoned():
+        o, S = tri.kda(**args, output_final_state=True, chunk_size=64)
+    assert testing.rel_err(o, ref[0]) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, ref[1]) <= testing.tolerance(dtype)
+
+
 def stage_refs(args, C):
     """The chunk level's float64 A (β on its rows, strict), (I + A)⁻¹, W, U and scale·Aqk, each
     [B, T, H, *] like the kernels' outputs (row t holds its chunk's row)."""

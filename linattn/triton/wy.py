@@ -29,6 +29,10 @@ from .common import block, dot, interpreting
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 BS = tl.constexpr(SUB)  # the same, as kernels see it
+# KDA diagonal blocks go through one dot with a factor e^{+x}, x ≤ this bound (e^60 ≈ 1e26, far
+# from float32's 3e38 and its underflow): a sub-chunk whose gates decay more is done column by
+# column instead (docs in _diag_dot)
+DIAG_DOT_RANGE = tl.constexpr(60.0)
 # Warps per program. Compiled for sm_90 (bf16, K = V = 128, C = 64), 4 warps spilled in the KDA
 # scores kernel and in the W/U kernel (255 registers + stack); 8 warps do not spill there.
 TUNING = dict(warps_scores=4, warps_inverse=2, warps_wu=4)
@@ -42,7 +46,7 @@ def scores_stage(q, k, g, beta, p) -> dict:
     # KDA: one program per (chunk, head, sub-chunk); else per (chunk, head)
     _scores_kernel[(p.NT, p.B * p.H, p.C // SUB if p.gate == 2 else 1)](
         q, k, g if p.gate else q, beta, a, aqk, p.scale, p.T, p.H,
-        K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, X3=not interpreting(),
         num_warps=TUNING["warps_scores"])
     return dict(a=a, aqk=aqk)
 
@@ -94,44 +98,24 @@ def _f32(a, b, X3: tl.constexpr):
 
 
 @triton.jit
-def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
-                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
-                  IEEE: tl.constexpr):
-    """Rows 16 s … 16 s + 15 of A and Aqk for per-dimension gates; stores them.
+def _diag_dot(Ks, Qs, Gl, g0, X3: tl.constexpr):
+    """The 16×16 diagonal block as products split at the sub-chunk's first token f:
+    e^{G_i − G_j} = e^{G_i − G_f} · e^{G_f − G_j}. The second factor is ≥ 1, but the caller has
+    checked it stays below e^{DIAG_DOT_RANGE} (no overflow, and e^{G_i − G_f} no underflow);
+    entries above the diagonal (also bounded so) are masked by the caller. Float32 operands
+    (tf32x3 on the GPU): a bf16 factor near e^{60} would round the small scores it multiplies."""
+    dn = tl.exp(Gl - g0[None, :])                                                 # [16, BK] ≤ 1
+    up = Ks * tl.exp(g0[None, :] - Gl)                                            # [16, BK] ≥ 1
+    return _f32(Ks * dn, tl.trans(up), X3), _f32(Qs * dn, tl.trans(up), X3)      # [16, 16] each
 
-    One program per sub-chunk s: four times the programs of one per chunk, to hide the latency
-    of the column loop below, whose steps depend on each other."""
+
+@triton.jit
+def _diag_columns(Ks, Qs, k, g, s, n, T, H, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    """The 16×16 diagonal block for any gates, columns j = 15 … 0: E_i = e^{G_i − G_j} for i ≥ j,
+    0 above. Moving from column j + 1 to j multiplies by e^{g_{j+1}} (≤ 1): one exponential per
+    key dim per column, and no exponent is ever positive."""
     r = tl.arange(0, BS)
-    rows = tl.arange(0, C)
     dk = tl.arange(0, BK)
-    ts = n * C + s * BS + r
-    rs = (s * BS + r) * H                                                         # [16] rows in the chunk
-    ms = (ts < T)[:, None] & (dk[None, :] < K)
-    Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
-    Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
-    bs = tl.load(beta + rs, mask=ts < T, other=0.0).to(tl.float32)                # [16]
-    Aoff = tl.zeros((BS, C), dtype=tl.float32)
-    Qoff = tl.zeros((BS, C), dtype=tl.float32)
-    if s > 0:
-        # left of the diagonal block, b = the last token before the sub-chunk:
-        # e^{G_i − G_j} = e^{G_i − G_b} e^{G_b − G_j}, both exponents ≤ 0, and one dot.
-        # G_i − G_b: the sub-chunk's own prefix sums; G_b − G_j = g_{j+1} + … + g_b: summed from
-        # b backwards over the gates shifted up one row (no difference of long prefix sums)
-        t = n * C + rows
-        row = rows * H                                                            # [C]
-        early = (rows < s * BS) & (t < T)
-        me = early[:, None] & (dk[None, :] < K)
-        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=me, other=0.0).to(tl.float32)  # [C, BK]
-        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
-                      mask=me & ((rows < s * BS - 1) & (t + 1 < T))[:, None], other=0.0).to(tl.float32)  # g_{j+1}
-        up = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                    # [C, BK] rows < 16 s
-        Gl = tl.cumsum(tl.load(g + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32),
-                       axis=0)                                                    # [16, BK] G_i − G_b
-        down = tl.exp(Gl)
-        Aoff = dot((Ks * down).to(DT), tl.trans(up).to(DT), IEEE)                # [16, C]
-        Qoff = dot((Qs * down).to(DT), tl.trans(up).to(DT), IEEE)
-    # diagonal block, columns j = 15 … 0: E_i = e^{G_i − G_j} for i ≥ j, 0 above. Moving from
-    # column j + 1 to j multiplies by e^{g_{j+1}} (≤ 1): one exponential per key dim per column
     E = tl.zeros((BS, BK), dtype=tl.float32)
     Da = tl.zeros((BS, BS), dtype=tl.float32)
     Dq = tl.zeros((BS, BS), dtype=tl.float32)
@@ -147,6 +131,54 @@ def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
         wj = E * kj[None, :]
         Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)    # column j
         Dq = tl.where(r[None, :] == jj, tl.sum(Qs * wj, axis=1)[:, None], Dq)
+    return Da, Dq
+@triton.jit
+def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
+                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+                  IEEE: tl.constexpr, X3: tl.constexpr):
+    """Rows 16 s … 16 s + 15 of A and Aqk for per-dimension gates; stores them.
+
+    One program per sub-chunk s: four times the programs of one per chunk, to hide the latency
+    of the column loop below, whose steps depend on each other."""
+    r = tl.arange(0, BS)
+    rows = tl.arange(0, C)
+    dk = tl.arange(0, BK)
+    ts = n * C + s * BS + r
+    rs = (s * BS + r) * H                                                         # [16] rows in the chunk
+    ms = (ts < T)[:, None] & (dk[None, :] < K)
+    Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
+    Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
+    bs = tl.load(beta + rs, mask=ts < T, other=0.0).to(tl.float32)                # [16]
+    Gl = tl.cumsum(tl.load(g + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32),
+                   axis=0)                                                        # [16, BK] G_i − G_b
+    Aoff = tl.zeros((BS, C), dtype=tl.float32)
+    Qoff = tl.zeros((BS, C), dtype=tl.float32)
+    if s > 0:
+        # left of the diagonal block, b = the last token before the sub-chunk:
+        # e^{G_i − G_j} = e^{G_i − G_b} e^{G_b − G_j}, both exponents ≤ 0, and one dot.
+        # G_i − G_b: the sub-chunk's own prefix sums; G_b − G_j = g_{j+1} + … + g_b: summed from
+        # b backwards over the gates shifted up one row (no difference of long prefix sums)
+        t = n * C + rows
+        row = rows * H                                                            # [C]
+        early = (rows < s * BS) & (t < T)
+        me = early[:, None] & (dk[None, :] < K)
+        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=me, other=0.0).to(tl.float32)  # [C, BK]
+        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
+                      mask=me & ((rows < s * BS - 1) & (t + 1 < T))[:, None], other=0.0).to(tl.float32)  # g_{j+1}
+        up = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                    # [C, BK] rows < 16 s
+        down = tl.exp(Gl)
+        Aoff = dot((Ks * down).to(DT), tl.trans(up).to(DT), IEEE)                # [16, C]
+        Qoff = dot((Qs * down).to(DT), tl.trans(up).to(DT), IEEE)
+    # diagonal block: by one float32 dot when the sub-chunk's decay spread G_first − G_last is
+    # below DIAG_DOT_RANGE in every key dim (always, for gates of trained models), else column
+    # by column (log-gates of −20 per token)
+    g0 = tl.load(g + (s * BS * H) * K + dk, mask=(dk < K) & (n * C + s * BS < T),
+                 other=0.0).to(tl.float32)                                        # [BK] Gl, row 0
+    glast = tl.sum(tl.where(r[:, None] == BS - 1, Gl, 0.0), axis=0)              # [BK] (padding: g = 0)
+    if tl.max(g0 - glast, axis=0) < DIAG_DOT_RANGE:
+        Da, Dq = _diag_dot(Ks, Qs, Gl, g0, X3)
+    else:
+        Da, Dq = _diag_columns(Ks, Qs, k, g, s, n, T, H, K, C, BK)
     Da = tl.where(r[:, None] > r[None, :], Da, 0.0) * bs[:, None]
     Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0) * scale
     # store left blocks (zeros right of the diagonal block) and the diagonal block: disjoint columns
@@ -164,7 +196,8 @@ def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
 
 @triton.jit
 def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                   BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                   X3: tl.constexpr):
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -182,7 +215,7 @@ def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.co
     dk = tl.arange(0, BK)
     mk = tm[:, None] & (dk[None, :] < K)
     if GATE == 2:
-        _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE)
+        _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE, X3)
     else:
         kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)  # [C, BK]
         qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)
