@@ -22,9 +22,9 @@ if "google.colab" in sys.modules:
 #
 # **Goal.** The chunkwise delta rule of the earlier chapters is a recipe of five formulas: decayed
 # key–key scores, a triangular inverse, the WY factors $W, U$, a pass over chunk states, and the
-# outputs. Here we turn that recipe into three Triton kernels that run on tensor cores:
+# outputs. Here we turn that recipe into three stages of Triton kernels that run on tensor cores:
 #
-# 1. **WY/UT** — every chunk at once: scores, $(I+A)^{-1}$, $W$, $U$;
+# 1. **WY/UT** — every chunk at once, in three small kernels: scores, $(I+A)^{-1}$, then $W$, $U$;
 # 2. **the affine state pass** — chunk after chunk: $\tilde V = U - WS$, $S \leftarrow e^{G_C} S + \tilde K^\top \tilde V$;
 # 3. **the output** — every chunk at once: $O = \text{scale}\,(Q\odot e^{G})S + A_{qk}\tilde V$.
 #
@@ -70,19 +70,25 @@ DEV = linattn.device.default_device()
 #   S' = e^{G_C}\odot S + (K\odot e^{G_C-G})^\top \tilde V,$$
 #
 # with $(A_{qk})_{ij} = \text{scale}\sum_d q_{id}k_{jd}e^{G_{id}-G_{jd}}$ for $j\le i$. Only the middle
-# line involves $S$. So the work splits into three kernels:
+# line involves $S$. So the work splits into three stages, the first of them three kernels:
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
-# | 1 WY/UT `_wy_kernel` | (chunk, head) | $K,Q$ tiles $[C,K]$, $A,A_{qk}$ $[C,C]$ | $KK^\top$, $QK^\top$ blocks; inverse; $\mathcal T(\beta K)$, $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$ |
+# | 1a scores `_scores_kernel` | (chunk, head[, sub-chunk]) | $K,Q$ tiles $[C,K]$ (KDA: one sub-chunk's 16 rows) | $KK^\top$, $QK^\top$ (KDA: blocks split at sub-chunk boundaries); writes $A$ (float32) and $A_{qk}$ |
+# | 1b inverse `_inverse_kernel` | (chunk, head) | 16×16 blocks of $A$, read by pointer | 16×16 block products; writes $\mathcal T=(I+A)^{-1}$ (float32) |
+# | 1c W/U `_wu_kernel` | (chunk, head, part) | $\mathcal T$ $[C,C]$ and one $[C,K]$ or $[C,B_V]$ tile | $\mathcal T(\beta K\odot e^G)$ or $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$ |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #
 # Stages 1 and 3 have a program for every chunk of every head: thousands of programs, all
 # independent. Stage 2 is the only sequential part, and its state never leaves the chip between
-# chunks; it writes each chunk's entering state and $\tilde V$ for stage 3. The library exposes
-# the three stages one by one (`plan`, `wy_stage`, `state_stage`, `output_stage`), and we use that
-# to check each on its own.
+# chunks; it writes each chunk's entering state and $\tilde V$ for stage 3. Every kernel of stage
+# 1 is plain: tiles come from memory, go through `tl.dot` or elementwise math, and go back to
+# memory — no tile is ever cut out of, or pasted into, a bigger register tile (Triton has no cheap
+# way to do that, and an earlier version of this kernel spent most of its time doing it). The
+# library exposes the stages one by one (`plan`, `scores_stage`, `inverse_stage`, `wu_stage` —
+# together `wy_stage` — then `state_stage`, `output_stage`), and we use that to check each on its
+# own.
 
 # %%
 B, T, H, K, V, C = 1, pick(cpu=80, gpu=1000), 2, 32, 48, pick(cpu=32, gpu=64)
@@ -91,7 +97,8 @@ args = testing.make_inputs("kda", B=B, T=T, H=H, K=K, V=V, gate="per_dim", devic
 q, k, v, g, beta, S0 = (args[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
 d = check_inputs(q, k, v, g=g, beta=beta, gate=True, delta=True)
 p = tdelta.plan(q, g, d, C)
-print(f"T={T}, chunk C={C}: {p.NT} chunks × {B * H} heads = {p.NT * B * H} stage-1 programs")
+print(f"T={T}, chunk C={C}: {p.NT} chunks × {B * H} heads = {p.NT * B * H} (chunk, head) pairs, "
+      "each a program of every stage-1 kernel (KDA scores: one per sub-chunk)")
 
 # %% [markdown]
 # ## 2. Stage 1: scores with exponents that stay ≤ 0
@@ -121,11 +128,17 @@ print("exact scores finite:", bool(exact.isfinite().all()))
 #   $b$), so $(K_s\odot e^{G-G_b})\,(K_{<s}\odot e^{G_b-G})^\top$ is one tensor-core `tl.dot` per
 #   sub-chunk, in bf16 when the inputs are bf16. Factors that underflow to 0 belong to scores that
 #   really are below float32's range.
-# * **the 16×16 diagonal blocks**: there is no boundary between $i$ and $j$ to split at, so the
-#   kernel forms $e^{G_{id}-G_{jd}}$ element by element in float32, one column $j$ at a time (16
-#   steps of $[16, K]$ elementwise work per block), then places the block with two small exact
-#   dots against a 0/1 matrix. Only differences inside the block occur there, so the block sums
-#   its own 16 gates from zero: a small sum rounds less than the chunk's running sum near $-1000$.
+# * **the 16×16 diagonal blocks**: no boundary lies between $i$ and $j$, so a split must let
+#   one factor exceed 1. The kernel splits at the sub-chunk's first token $f$:
+#   $e^{G_i-G_j} = e^{G_i-G_f}\cdot e^{G_f-G_j}$ with $e^{G_f-G_j}\ge 1$, which is safe as long as
+#   the gates decay by less than 60 across the 16 tokens ($e^{60}\approx 10^{26}$, far from
+#   float32's $3\cdot 10^{38}$): then the block is one float32 dot. Gates of trained models
+#   decay far less than that; for stronger ones (log-gates of $-20$ per token) the kernel takes a
+#   second path, column by column: $E_i = e^{G_i-G_j}$ for all rows $i\ge j$ at once, updated
+#   from column $j+1$ to $j$ by the factor $e^{g_{j+1}}\le 1$ — one exponential per key
+#   dimension per column, and no exponent is ever positive. The block sums its own 16 gates from
+#   zero: a small sum rounds less than the chunk's running sum near $-1000$. Each block is stored
+#   straight to its place in $A$ in memory.
 #
 # Stage 1 also prepares what the state pass will need, so that the sequential loop of stage 2
 # has no exponentials at all: $\tilde K = K\odot e^{G_C-G}$ and $e^{G_C}$. The tail sum
@@ -141,12 +154,12 @@ Cf, sub = 64, 16
 i, j = torch.meshgrid(torch.arange(Cf), torch.arange(Cf), indexing="ij")
 role = torch.zeros(Cf, Cf)
 role[(i // sub > j // sub)] = 1                           # dots split at a sub-chunk boundary
-role[(i // sub == j // sub) & (i >= j)] = 2               # diagonal blocks, element-wise float32
+role[(i // sub == j // sub) & (i >= j)] = 2               # diagonal blocks, float32
 fig, ax = plt.subplots(figsize=(4.2, 4.2))
 ax.imshow(role, cmap=plt.matplotlib.colors.ListedColormap(["white", "#7fb3d5", "#f0a35e"]))
 for s in range(1, Cf // sub):
     ax.axhline(s * sub - 0.5, color="k", lw=0.5); ax.axvline(s * sub - 0.5, color="k", lw=0.5)
-ax.set_title("scores of one chunk (C=64)\nblue: tl.dot split at boundary · orange: element-wise")
+ax.set_title("scores of one chunk (C=64)\nblue: tl.dot split at boundary · orange: float32 block")
 ax.set_xlabel("key j"); ax.set_ylabel("row i")
 plt.show()
 
@@ -154,36 +167,34 @@ plt.show()
 # ## 3. Stage 1: the triangular inverse from 16×16 blocks
 #
 # $\mathcal T = (I+A)^{-1}$ with $A$ strictly lower triangular. Forward substitution row by row is
-# $C$ dependent steps — fine for 16 rows, slow for 64. Split $I + A = D + N$: $D$ its 16×16
-# diagonal blocks (each unit lower triangular), $N$ the blocks below them. Then
+# $C$ dependent steps — fine for 16 rows, slow for 64. Cut $A$ and $\mathcal T$ into 16×16 blocks
+# $A_{im}$, $\mathcal T_{mj}$ ($i, m, j$ number sub-chunks). Both are block lower triangular, and
+# reading block $(i, j)$ of $(I+A)\,\mathcal T = I$ gives
 #
-# $$(I+A)^{-1} = \big(D(I + X)\big)^{-1} = (I+X)^{-1}D^{-1},\qquad X = D^{-1}N .$$
+# $$\mathcal T_{ii} = (I + A_{ii})^{-1},\qquad
+#   \mathcal T_{ij} = -\,\mathcal T_{ii}\sum_{m=j}^{i-1} A_{im}\,\mathcal T_{mj}\quad (j < i).$$
 #
-# $X$ is strictly *block* lower triangular, so $X^{C/16} = 0$ and the Neumann series stops:
-#
-# $$(I+X)^{-1} = I - X + X^2 - X^3 = (I - X)(I + X^2)\quad (C = 64),$$
-#
-# and for $C=128$ one more factor $(I+X^4)$. Each $D_s^{-1}$ costs 15 small forward-substitution
-# steps; everything else is $C\times C$ dots: $X$, $X^2$, the product, and the final $\cdot D^{-1}$.
-# (The series is applied to $X$, whose blocks are already "normalised" by $D^{-1}$, not to $A$
-# itself: a series in $A$ would need $C$ terms.) In a few lines of PyTorch:
+# The diagonal blocks are independent 16-step forward substitutions; a block below the diagonal
+# needs only blocks of earlier block rows. So `_inverse_kernel` first inverts the $C/16$
+# diagonal blocks (their 15-step chains interleave), then fills block row after block row with
+# 16×16 dots. Every block comes from memory by pointer — the row $A_m$ of a forward-substitution
+# step, the blocks $A_{im}$ and the finished $\mathcal T_{mj}$, which the program itself stored
+# one block row earlier (a `tl.debug_barrier()` between the stores and the loads makes them
+# visible to all its threads). In a few lines of PyTorch:
 
 # %%
 def block_inverse(A, sub=16):
-    """(I + A)⁻¹ for strictly lower-triangular A [C, C], from 16×16 diagonal blocks."""
-    Cn = A.shape[-1]
-    I = torch.eye(Cn, dtype=A.dtype)
-    Dinv = torch.zeros_like(A)
-    for s in range(0, Cn, sub):                            # forward substitution per block
-        Dinv[s:s + sub, s:s + sub] = cdelta.unit_lower_inverse(A[s:s + sub, s:s + sub])
-    blk = torch.arange(Cn) // sub
-    N = torch.where(blk[:, None] > blk[None, :], A, 0)     # blocks below the diagonal
-    X = Dinv @ N
-    P, Xp = I - X, X
-    for _ in range(1, (Cn // sub).bit_length() - 1):       # (I − X)(I + X²)(I + X⁴)…
-        Xp = Xp @ Xp
-        P = P + P @ Xp
-    return P @ Dinv
+    """(I + A)⁻¹ for strictly lower-triangular A [C, C], by 16×16 blocks as `_inverse_kernel`."""
+    nb = A.shape[-1] // sub
+    blk = lambda M, i, j: M[i * sub:(i + 1) * sub, j * sub:(j + 1) * sub]  # noqa: E731 (a view)
+    Ti = torch.zeros_like(A)
+    for i in range(nb):                                    # diagonal blocks: forward substitution
+        blk(Ti, i, i)[:] = cdelta.unit_lower_inverse(blk(A, i, i))
+    for i in range(1, nb):                                 # then block rows, top to bottom
+        for j in range(i):
+            acc = sum(blk(A, i, m) @ blk(Ti, m, j) for m in range(j, i))
+            blk(Ti, i, j)[:] = -blk(Ti, i, i) @ acc
+    return Ti
 
 
 kb = torch.nn.functional.normalize(torch.randn(64, 32, dtype=torch.float64), dim=-1)
@@ -193,19 +204,24 @@ print(f"block inverse vs torch.linalg.inv: {err:.2e}")
 assert err < 1e-12
 
 # %% [markdown]
-# The kernel does exactly this on registers, in float32: on the GPU each $C\times C$ product runs
-# on the tensor cores as three tf32 products (`input_precision="tf32x3"`, about float32 accuracy;
-# plain tf32 would keep 10 bits), under the interpreter as exact float32. Then two more dots give
-# $W = \mathcal T(\beta\,K\odot e^{G})$ and
-# $U = \mathcal T(\beta V)$. Run stage 1 alone and compare its factors with the chunk level's
-# (`linattn.chunk.delta.factors`, float64 here):
+# The kernel computes in float32; on the GPU each 16×16 product runs on the tensor cores as three
+# tf32 products (`input_precision="tf32x3"`, about float32 accuracy; plain tf32 would keep 10
+# bits), under the interpreter as exact float32. Then `_wu_kernel` gives
+# $W = \mathcal T(\beta\,K\odot e^{G})$ and $U = \mathcal T(\beta V)$, one program per
+# $[C, K]$ or $[C, B_V]$ output tile. Run the three kernels of stage 1 and compare what each
+# wrote with the chunk level (`linattn.chunk.delta`, float64 here): $A$ and $\mathcal T$, then
+# the factors $W$, $U$ and $A_{qk}$:
 
 # %%
 wy = tdelta.wy_stage(*(x.contiguous() for x in (q, k, v, g, beta)), p)
-f = cdelta.factors(*testing.to_float64(dict(q=q, k=k, v=v, g=g, beta=beta)).values(),
-                   check_inputs(q.double(), k.double(), v.double(), g=g, beta=beta, gate=True,
-                                delta=True), C, delta=True)
-for name, ours, ref in [("W", wy["w"], cdelta.from_chunks(f.W, T)),
+d64 = check_inputs(q.double(), k.double(), v.double(), g=g, beta=beta, gate=True, delta=True)
+f = cdelta.factors(*testing.to_float64(dict(q=q, k=k, v=v, g=g, beta=beta)).values(), d64, C,
+                   delta=True)
+kc, gc = cdelta.to_chunks(k.double(), C), cdelta.chunk_gates(g.double(), d64, C, k.device)
+A_ref = cdelta.to_chunks(beta.double()[..., None], C) * cdelta.decayed_scores(kc, kc, gc, strict=True)
+for name, ours, ref in [("A", wy["a"], cdelta.from_chunks(A_ref, T)),
+                        ("𝒯", wy["ai"], cdelta.from_chunks(cdelta.unit_lower_inverse(A_ref), T)),
+                        ("W", wy["w"], cdelta.from_chunks(f.W, T)),
                         ("U", wy["u"], cdelta.from_chunks(f.U, T)),
                         ("Aqk", wy["aqk"] / d.scale, cdelta.from_chunks(f.Aqk, T))]:
     e = testing.rel_err(ours, ref)
@@ -428,10 +444,13 @@ for st in rec.get("stages", old.get("stages", [])):
 # kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms), and faulted in bf16. Its
 # replacement uses 2-D tiles only: row $j$ of a block is re-read from memory (it sits in L1/L2)
 # instead of being extracted from registers, and blocks move in and out of the $C\times C$
-# matrix through exact dots with 0/1 matrices. That replacement is in the current kernel, and
-# the bf16 fault is gone, but KDA still takes 12.0 ms at $T=1$k: stage 1 remains the place to look
-# (`docs/perf_notes.md` has the details). The interpreter can check correctness, but only the GPU
-# can say what a register layout costs.
+# matrix through exact dots with 0/1 matrices. That replacement is the kernel the recorded run
+# above timed: the bf16 fault was gone, but KDA still took 12.0 ms at $T=1$k. A per-kernel
+# profile (`tools/profile_ops.py`) put nearly all of it in the one stage-1 kernel: the placement
+# dots and the serial inverse. Hence the kernels this chapter now runs (sections 1–3): stage 1
+# split into three plain kernels, blocks moved through memory by pointer, never placed or
+# extracted in registers (`docs/perf_notes.md` has the details). The interpreter can check
+# correctness, but only the GPU can say what a register layout costs.
 #
 # Between GPU runs, one cost can still be seen on a CPU: Triton compiles for a GPU it does not
 # have (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
@@ -445,14 +464,17 @@ for st in rec.get("stages", old.get("stages", [])):
 # %% [markdown]
 # ## Summary
 #
-# * The delta rule's chunk form is three kernels: a fully parallel **WY/UT** stage (scores,
-#   block inverse, $W$, $U$), a sequential **affine state pass** that keeps $S$ on chip and applies
-#   $S' = MS + B$ through $\tilde V = U - WS$, and a fully parallel **output** stage.
-# * No exponential is ever of a positive number: between sub-chunks the decay is split at the
-#   sub-chunk boundary (two factors $\le 1$ around a tensor-core dot), inside the 16×16 diagonal
-#   blocks it is formed element by element in float32. Log-gates of $-20$ per token give no NaN.
-# * $(I+A)^{-1}$ comes from 16×16 forward substitutions and a short product
-#   $(I-X)(I+X^2)\cdots$ of $C\times C$ dots, since $X = D^{-1}N$ is nilpotent.
+# * The delta rule's chunk form is three stages: a fully parallel **WY/UT** stage (three plain
+#   kernels: scores, block inverse, $W$ and $U$), a sequential **affine state pass** that keeps $S$
+#   on chip and applies $S' = MS + B$ through $\tilde V = U - WS$, and a fully parallel **output**
+#   stage.
+# * No exponential can overflow: between sub-chunks the decay is split at the sub-chunk boundary
+#   (two factors $\le 1$ around a tensor-core dot); a 16×16 diagonal block is one float32 dot split
+#   at its first token when its gates decay by less than 60, else built column by column with
+#   factors $e^{g}\le 1$. Log-gates of $-20$ per token give no NaN.
+# * $(I+A)^{-1}$ comes from 16×16 forward substitutions on the diagonal blocks and
+#   $\mathcal T_{ij} = -\mathcal T_{ii}\sum_m A_{im}\mathcal T_{mj}$ below them, every block read
+#   from memory by pointer.
 # * Gated DeltaNet (one gate per head) and DeltaNet (no gate) are the same kernels with the decay
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
