@@ -1,4 +1,4 @@
-"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, three kernels.
+"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, five kernels.
 
 Notation (as in linattn.chunk.delta): a chunk of C tokens enters with state S [K, V]; G_i is the
 log-decay summed from the chunk start (per key dimension for KDA, one per head for Gated DeltaNet,
@@ -8,21 +8,13 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
     O  = scale (Q ⊙ e^G) S + Aqk Ṽ,      Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}  (j ≤ i)
     S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
 
-Stage 1, `_wy_kernel`, one program per (chunk, head), fully parallel: G, A, Aqk, T, W, U,
-    and K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials)
-    and scale · Q ⊙ e^G for stage 3 (half-precision tiles instead of float32 gates).
+Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): three plain kernels for A and
+    Aqk, T = (I + A)⁻¹, and W, U plus K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential
+    loop has no exponentials) and scale · Q ⊙ e^G for stage 3. How the decays stay finite with
+    log-gates down to −20 per token is told there.
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
-
-Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32, so
-no factor e^{+G} is ever formed. Between sub-chunks of 16 tokens the KDA score is split at the
-sub-chunk boundary b: e^{G_i − G_b} · e^{G_b − G_j}, both exponents ≤ 0 (i after b, j up to b), and
-the product of the two factors is a tensor-core dot. Inside a 16×16 diagonal block the exponent
-G_i − G_j is formed element by element in float32, from the block's own gate sums. Tail decays
-e^{G_C − G_i} are summed from the chunk end, not taken as differences of large prefix sums.
-The inverse T is built from the 16×16 diagonal blocks (forward substitution) and dots that
-combine them.
 """
 from __future__ import annotations
 
@@ -42,10 +34,14 @@ MAX_HEAD_DIM = 256
 # K tiles at least 32 wide (masked): with K = 16, bf16/fp16 KDA faulted natively on the H200
 # (illegal memory access, Triton 3.6) while float32 passed; the 16-wide tile is the one shape that
 # case alone had (a 16-row tl.trans(K)·Ṽ in the state pass). Padding costs nothing at K ≥ 32.
+# With the stage-1 kernels of wy.py, K = 16 in every dtype passed natively with this padding
+# (H200, triton 3.6); it was not tried without it.
 MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
-# bv_state=None lets `state_block` choose from the number of SMs.
+# bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
+# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94), with
+# 3 stages no worse than 2 (KDA 1.07 vs 1.10 ms).
 TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=3)
 
 
