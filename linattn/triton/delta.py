@@ -40,9 +40,10 @@ MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
-# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94), with
-# 3 stages no worse than 2 (KDA 1.07 vs 1.10 ms).
-TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=3)
+# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94); 3
+# pipeline stages gained nothing there (0.859 vs 0.859 ms; KDA 1.07 vs 1.10) and cost at T = 1k
+# (profiled 0.283 vs 0.248 ms DeltaNet, 0.342 vs 0.268 Gated DeltaNet), so 2.
+TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=2)
 
 
 def state_block(V, BH, sms=None):
