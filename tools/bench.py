@@ -90,6 +90,7 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
             row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] and row["triton"] else None
             row["ratio_floor"] = row["triton"] / row["floor"] if row["floor"] and row["triton"] else None
             rows.append(row)
+            rows.sort(key=lambda r: (list(bench.OPS).index(r["op"]), r["T"]))  # --T may come in any order
             if save:
                 save({"rows": rows, "notes": []})
             log(f"T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()
