@@ -8,7 +8,8 @@
 #   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu)
 #   STAGES="tests bench cp" (default: all three) runs a subset, e.g. to fit a 10-minute call;
 #   BENCH_ARGS passes options to tools/bench.py (e.g. "--suite anchors"); BENCH_TIMEOUT bounds it
-#   in seconds (the bench saves its results row by row, so a cut-off run still reports).
+#   in seconds (the bench saves its results row by row, so a cut-off run still reports); TESTS_TIMEOUT
+#   bounds the test stage the same way (keep both below the device call's limit so the report is written).
 set -uo pipefail
 OUT=${OUT:-_build/gpu}
 STAGES=${STAGES:-tests bench cp}
@@ -30,8 +31,10 @@ PY
 t0=$(date +%s)
 tests_rc=skipped bench_rc=skipped
 if has tests; then
-python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider --junitxml="$OUT/junit.xml" -o console_output_style=classic -rfE \
-  "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+# -vv (-q comes from pyproject): one line per test as it ends, so a run cut by TESTS_TIMEOUT still names what failed and counts
+# what passed (a run cut at 420 s on 2026-11-21 left only progress dots and one anonymous F)
+timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider \
+  --junitxml="$OUT/junit.xml" -vv -rfE "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E " (FAILED|ERROR) |passed|failed" | tail -40
 tests_rc=${PIPESTATUS[0]}
 fi
 t1=$(date +%s)
@@ -49,8 +52,10 @@ fi
   echo "# GPU validation report — $(date -u +%Y-%m-%dT%H:%MZ)"
   echo; echo '```'; cat "$OUT/versions.txt"; echo '```'
   echo; echo "## Tests + notebooks (nbval), natively: exit $tests_rc, $((t1 - t0)) s"
-  [ -f "$OUT/pytest.log" ] && { echo '```'; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
-                                 tail -1 "$OUT/pytest.log"; echo '```'; }
+  [ -f "$OUT/pytest.log" ] && { echo '```'; grep -E " (FAILED|ERROR) " "$OUT/pytest.log" | sort -u | head -40
+                                 echo "passed so far: $(grep -c ' PASSED ' "$OUT/pytest.log")"
+                                 [ "$tests_rc" = 124 ] && echo "cut by TESTS_TIMEOUT=${TESTS_TIMEOUT:-}"
+                                 tail -1 "$OUT/pytest.log"; echo; echo '```'; }
   echo; echo "## Benchmarks: exit $bench_rc, $((t2 - t1)) s"
   [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
   echo; echo "## Context parallel over NCCL: $cp_rc"
