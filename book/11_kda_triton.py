@@ -330,11 +330,11 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
 #
 # The anchor setting (`ANCHORS.md`): H200, bf16, 16 heads, $K=V=128$, $B\cdot T = 32768$ tokens,
 # forward only, gates $\log\sigma(x)/16$; FLA 0.6.0 in the same run on the same inputs. On a CPU
-# this section shows the recorded run of `tools/bench.py` (`book/data/bench.json`: NVIDIA H200,
-# 2026-11-21, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0, the kernels of this chapter at commit
-# `7b209be`), then an earlier run of an **older kernel version** (`book/data/11_kda_triton.json`,
-# commit `8c12ca0`) for comparison; on a GPU it also times our kernels live at one length (and FLA,
-# if it is installed).
+# this section shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`:
+# NVIDIA H200, 2026-11-21 15:04 UTC, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0, the kernels of
+# this chapter at commit `30738f4`), then an earlier run of an **older kernel version**
+# (`book/data/11_kda_triton.json`, commit `8c12ca0`) for comparison; on a GPU it also times our
+# kernels live at one length (and FLA, if it is installed).
 
 # %%
 def recorded():
@@ -351,9 +351,12 @@ def recorded():
                 row[names[r["op"]]], row[names[r["op"]] + "_fla"] = r["triton"], r["fla"]
         rows = [r for r in got.values() if len(r) == 7]
         if rows:
-            commit = [n.split("Triton kernels at ")[-1] for n in res["anchors"].get("notes", [])
-                      if "Triton kernels at " in n]
-            env = dict(res["env"], kernel="current kernels, " + (commit[0] if commit else "bench.json"))
+            commit = res["env"].get("commit")
+            if not commit:  # older files named the commit in a note
+                notes = [n.split("Triton kernels at ")[-1] for n in res["anchors"].get("notes", [])
+                         if "Triton kernels at " in n]
+                commit = notes[0] if notes else None
+            env = dict(res["env"], kernel="current kernels, " + (f"commit {commit}" if commit else "bench.json"))
             return {"env": env, "base": sorted(rows, key=lambda r: r["T"])}
     return json.loads((here / "11_kda_triton.json").read_text())
 
@@ -374,46 +377,52 @@ for op, label, color in [("delta", "DeltaNet", "C0"), ("gdn", "Gated DeltaNet", 
     ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{label}: linattn")
     ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{label}: FLA 0.6.0")
 ax.set_xscale("log", base=2); ax.set_xlabel("T (B = 32768 / T)"); ax.set_ylabel("forward ms")
-ax.set_title("H200, bf16, H=16, K=V=128 (recorded 2026-11-21, current kernels)"); ax.legend(fontsize=7, ncol=2)
+ax.set_title(f"H200, bf16, H=16, K=V=128 (recorded {rec['env']['date']}, "
+             f"{rec['env'].get('kernel', '')})", fontsize=9)
+ax.legend(fontsize=7, ncol=2)
 plt.show()
 print("linattn / FLA, ms (ratio):")
-print(" T      " + "  ".join(f"{n:>25s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
+print(" T      " + "  ".join(f"{n:>26s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
 for r in rows:
-    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:3.1f}×)"
+    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:4.2f}×)"
                                        for o in ("delta", "gdn", "kda")))
 
 # %% [markdown]
-# Read plainly: **our delta-rule kernels are several times slower than FLA's.** DeltaNet takes
-# 3.95–4.62 ms against FLA's 1.00–1.50 ms (3.1–4.0×), Gated DeltaNet 4.38–5.22 ms against
-# 0.85–1.61 ms (3.2–5.2×), and KDA 12.0–12.8 ms against 1.73–2.74 ms (4.7–6.9×). The outputs are
-# right (relative error 3.9–4.9·10⁻³ against the chunk level in bf16, within the bf16 tolerance); the
-# speed is not there yet.
+# Read plainly (H200, 2026-11-21 15:04 UTC, commit `30738f4`): **our delta-rule kernels are
+# still slower than FLA's, by 1.12–1.85×.** DeltaNet takes 1.12–1.77 ms against FLA's 1.00–1.51 ms
+# (1.12–1.20×), Gated DeltaNet 1.34–2.25 ms against 0.85–1.62 ms (1.39–1.59×), and KDA
+# 3.21–4.08 ms against 1.73–2.74 ms (1.49–1.85×; the gap is largest at short $T$). Issue #5's
+# target for KDA — forward no slower than FLA at every $T$ — is **not met** at any length; it sets
+# no speed target for DeltaNet or Gated DeltaNet. KDA is also 17–21× its HBM floor (0.191 ms:
+# every input read once and the output written once at the 4.23 TB/s copy bandwidth measured in
+# the same run). The outputs are right: relative error 3.9–4.8·10⁻³ against the chunk level on the
+# same bf16 inputs, within the bf16 tolerance.
 #
-# It was once better for the scalar-gate cases. The first version of these kernels (commit
-# `8c12ca0`), timed on an H200 earlier the same day (12:47 UTC), is kept in `book/data/11_kda_triton.json`.
-# It is an **older kernel**, not the one this chapter runs:
+# The previous recorded run (commit `7b209be`, 13:52 UTC the same day, same H200 and software)
+# timed the kernel before the rewrite of sections 1–3: DeltaNet 3.95–4.62 ms, Gated DeltaNet
+# 4.38–5.22 ms, KDA 12.0–12.8 ms; at the same lengths the current kernels are 2.6–3.5×, 2.3–3.3×
+# and 3.1–3.7× faster (the most at short $T$). The first version of these kernels (commit
+# `8c12ca0`), timed on an H200 at 12:47 UTC, is kept in `book/data/11_kda_triton.json`. It is an
+# **older kernel**, not the one this chapter runs:
 
 # %%
 old = older_run()
 print("older kernel:", old["env"]["kernel"], "·", old["env"]["device"], "·", old["env"]["date"])
 now = {r["T"]: r for r in rows}
-print(" T      " + "  ".join(f"{n:>27s}" for n in ("DeltaNet old → now", "Gated DeltaNet old → now",
-                                                    "KDA old → now")))
+print("ms, older kernel → now (now / older):")
+print(" T      " + "  ".join(f"{n:>28s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
 for r in old["base"]:
     if r["T"] in now:
-        print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:3.1f}×)"
+        print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:4.2f}×)"
                                            for o in ("delta", "gdn", "kda")))
 
 # %% [markdown]
-# The first version ran DeltaNet in 0.87–1.47 ms, level with FLA (1.00–1.51 ms), and Gated
-# DeltaNet in 0.88–1.53 ms (FLA 0.84–1.45). The current kernel is about **4× slower than that
-# first version for DeltaNet** (3.1–4.6× across the lengths) and 3.4–5.0× slower for Gated
-# DeltaNet. Between the two, the block inverse of stage 1 was rewritten: 2-D tiles with 0/1
-# placement dots, a dynamic forward-substitution loop (to cut compile time) and `tf32x3` products
-# instead of float32 FMA dots (to cut register spills; see the end of this section). The
-# `tf32x3` products and the dynamic loop are the likely cause of the slowdown — likely, because it
-# has not been profiled. For KDA the rewrite helped, but only a little (14.9 → 12.0 ms at
-# $T = 1$k); KDA remains far from FLA's 1.7–2.7 ms.
+# The first version ran DeltaNet in 0.87–1.47 ms, level with FLA in its run (1.00–1.51 ms), and
+# Gated DeltaNet in 0.88–1.53 ms (FLA 0.84–1.45). The current kernels are **still slower than that
+# first version for the scalar-gate cases**: 1.20–1.33× for DeltaNet and 1.45–1.59× for Gated
+# DeltaNet at the four lengths both runs timed. For KDA they are 4.1–4.6× faster (14.9 → 3.21 ms
+# at $T = 1$k). Why DeltaNet and Gated DeltaNet lost ground against the first version was not
+# profiled: the first version's stage timings exist for KDA only (below).
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
@@ -429,11 +438,28 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# Where the time goes: the only stage timings recorded so far are from the profiler run of the
-# **older kernel** (commit `8c12ca0`); the current kernel's stages have not been profiled yet.
+# **Where the time goes.** A per-kernel profile of the current kernels (`tools/profile_ops.py`,
+# H200, $T = 1$k, ms) was taken **before the last change (the KDA diagonal fast path: the float32
+# dot split at the sub-chunk's first token, section 2), which the table's run includes**:
+#
+# | | scores | inverse | W/U | state pass | output | total | FLA total |
+# |---|---|---|---|---|---|---|---|
+# | DeltaNet | 0.113 | 0.333 | 0.235 | 0.283 | 0.176 | 1.141 | 0.985 |
+# | KDA | 1.684 | 0.330 | 0.832 | 0.342 | 0.196 | 3.385 | 1.719 |
+#
+# For DeltaNet at $T = 1$k no one kernel dominates: the block inverse is the largest (0.333 ms),
+# and the three kernels of stage 1 together take 0.681 ms, 60% of the total. At $T = 32$k the state
+# pass is DeltaNet's largest kernel, 0.870 ms against 0.700 ms for FLA's state pass. For KDA the
+# scores kernel alone (1.684 ms) took about as long as FLA's whole forward (1.719 ms); that is the
+# kernel the fast path changed. How much of its time the fast path removed has not been profiled:
+# the table's 3.21 ms at $T = 1$k is below the profile's 3.385 ms, but the two come from different
+# tools and runs. KDA's W/U kernel (0.832 ms against DeltaNet's 0.235) was not profiled further.
+#
+# For contrast, the stage timings of the **older kernel** (commit `8c12ca0`), where stage 1 was
+# one kernel:
 
 # %%
-for st in rec.get("stages", old.get("stages", [])):
+for st in old.get("stages", []):
     print(f"older kernel, {st['op']:4s} T={st['T']:5d}: "
           + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
@@ -441,25 +467,26 @@ for st in rec.get("stages", old.get("stages", [])):
 # **A lesson from the first native run.** The first version of stage 1 built the diagonal blocks
 # and the 16×16 inverses on rank-3 and rank-4 register tensors (`[C/16, 16, K]`, pulling row $j$
 # out with a masked sum) — natural in NumPy, and correct in the interpreter. On the H200 that
-# kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms), and faulted in bf16. Its
-# replacement uses 2-D tiles only: row $j$ of a block is re-read from memory (it sits in L1/L2)
-# instead of being extracted from registers, and blocks move in and out of the $C\times C$
-# matrix through exact dots with 0/1 matrices. That replacement is the kernel the recorded run
-# above timed: the bf16 fault was gone, but KDA still took 12.0 ms at $T=1$k. A per-kernel
-# profile (`tools/profile_ops.py`) put nearly all of it in the one stage-1 kernel: the placement
+# kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms; commit `8c12ca0`), and faulted in
+# bf16. Its replacement (commit `7b209be`) used 2-D tiles only: row $j$ of a block re-read from
+# memory (it sits in L1/L2) instead of being extracted from registers, and blocks moved in and out
+# of the $C\times C$ matrix through exact dots with 0/1 matrices. The bf16 fault was gone, but in
+# the 13:52 UTC run KDA still took 12.0 ms at $T=1$k and DeltaNet had become 3.1–4.6× slower
+# than the first version. A per-kernel profile of that kernel (`tools/profile_ops.py`, 14:20 UTC,
+# `docs/perf_notes.md`) put nearly all of it in the one stage-1 kernel, the one with the placement
 # dots and the serial inverse. Hence the kernels this chapter now runs (sections 1–3): stage 1
 # split into three plain kernels, blocks moved through memory by pointer, never placed or
-# extracted in registers (`docs/perf_notes.md` has the details). The interpreter can check
-# correctness, but only the GPU can say what a register layout costs.
+# extracted in registers — 3.21 ms for KDA and 1.12 ms for DeltaNet at $T = 1$k in the table above.
+# The interpreter can check correctness, but only the GPU can say what a register layout costs.
 #
 # Between GPU runs, one cost can still be seen on a CPU: Triton compiles for a GPU it does not
 # have (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
 # `cuobjdump --dump-resource-usage` on the cubin reports registers and spill stack. That is how
 # the IEEE float32 products of the inverse were found to cost an 81 KB spill stack and minutes of
 # compilation (they run on the FMA units with operand tiles copied across threads), and replaced
-# by `tf32x3` tensor-core products. The CPU can see spills and compile time, not speed: that
-# change, with the dynamic forward-substitution loop, is the likely reason DeltaNet is now ~4×
-# slower than in the first version — a trade that only the GPU run above revealed.
+# by `tf32x3` tensor-core products. The CPU can see spills and compile time, not speed: the
+# slowdown of the `7b209be` kernel showed only in the GPU run, and only a GPU profile said which
+# kernel it was in.
 
 # %% [markdown]
 # ## Summary
@@ -479,10 +506,13 @@ for st in rec.get("stages", old.get("stages", [])):
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
-# * Measured on an H200 (2026-11-21): correct, but slow. DeltaNet is 3.1–4.0×, Gated DeltaNet
-#   3.2–5.2× and KDA 4.7–6.9× slower than FLA 0.6.0. The first kernel version matched FLA for
-#   DeltaNet (0.87 ms at $T=1$k); the current one is ~4× slower than that, likely because of the
-#   `tf32x3` inverse products and the dynamic forward-substitution loop (not yet profiled).
+# * Measured on an H200 (2026-11-21 15:04 UTC, commit `30738f4`): correct, and slower than FLA
+#   0.6.0 — DeltaNet 1.12–1.20×, Gated DeltaNet 1.39–1.59×, KDA 1.49–1.85×. Issue #5's target for
+#   KDA (no slower than FLA at every $T$) is not met. Against the run before the rewrite (commit
+#   `7b209be`: 3.95–4.62, 4.38–5.22 and 12.0–12.8 ms) the kernels are 2.3–3.7× faster; against
+#   the first version (commit `8c12ca0`) KDA is 4.1–4.6× faster, DeltaNet and Gated DeltaNet still
+#   1.2–1.6× slower (not profiled why). In a profile taken before the KDA diagonal fast path, KDA's
+#   scores kernel alone took about as long as FLA's whole forward at $T = 1$k.
 #
 # This chapter has no workbook of its own: the algebra it compiles is exercised in the workbooks
 # of the delta-rule chapters; the kernels' tests are `tests/test_triton_delta.py`.
