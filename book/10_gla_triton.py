@@ -82,8 +82,9 @@ DEV = linattn.device.default_device()
 #
 # We also tried the per-dimension case without $A$ and $b$ in memory: each kernel summing its
 # gates, and the output kernel building the tiles of $A$ and multiplying them by $V$ on chip. On
-# an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$) it took 3.24 ms against 1.88 ms
-# for the pipeline above in an earlier run; its state pass alone took 0.69 ms, three times FLA's
+# an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$, a run at ~14:35 UTC) it took
+# 3.24 ms against 1.88 ms for the pipeline above (the bench of 13:52 UTC, commit `7b209be`; 1.83 ms
+# in the run of 15:04 UTC used in §6); its state pass alone took 0.69 ms, three times FLA's
 # 0.22 ms for the same step. Not profiled further; a likely reason is that its `tl.cumsum` of a
 # $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
 # reads $b$. Saving memory traffic is not always saving time.
@@ -209,11 +210,12 @@ assert finite
 # $S$ evolve independently, so blocks add parallelism for free — up to a point: at
 # $B\cdot H = 16$ heads, $64\times64$ blocks make only 64 programs for an H200's 132
 # multiprocessors, yet $32\times32$ blocks (256 programs, two pipeline stages instead of three)
-# measured slower: 0.52 against 0.29 ms for linear attention at $T = 32768$, in two runs on the
-# same kind of GPU. A likely reason is that each program then moves more bytes per multiply (both
-# settings changed at once, so the run does not separate them). The library keeps $64\times64$
-# (`gated.STATE_BLOCK`). The stored state of chunk $n$ must equal the
-# recurrence's state after $nC$ tokens:
+# measured slower: 0.52 against 0.29 ms for linear attention at $T = 32768$, in two runs on
+# H200s (0.29 ms: `tools/profile_ops.py` at 14:20 UTC, `docs/perf_notes.md`; 0.52 ms: a run at
+# ~14:35 UTC). A likely reason is that each program then moves more bytes per multiply (both
+# settings changed at once, so the runs do not separate them). The library keeps $64\times64$
+# (`gated.STATE_BLOCK`). The stored state of chunk $n$ must equal the recurrence's state after
+# $nC$ tokens:
 
 # %%
 h, S_T = gated.chunk_states(k, v, g, d, s0=S0.float().contiguous(),
@@ -268,8 +270,9 @@ print("ran:", linattn.which("gla"))
 #
 # At the benchmark setting ($B\cdot T = 32\,768$ tokens, $H=16$, $K=V=128$, bf16, $C=64$, $B_V=64$),
 # the number of states is the same at every $T$ — 512 chunks × 16 heads — so materialising always
-# costs $512\cdot16\cdot128\cdot128\cdot2$ bytes written and read: 268 MB, about 0.13 ms at the
-# H200's measured 4.27 TB/s. What changes with $T$ is how many programs the fused kernel has:
+# costs $512\cdot16\cdot128\cdot128\cdot2$ bytes = 268 MB written and read back: about 0.13 ms at
+# the H200's copy bandwidth of 4.23 TB/s (read + write, measured in the 15:04 UTC run below). What
+# changes with $T$ is how many programs the fused kernel has:
 
 # %%
 SMS = 132  # streaming multiprocessors of an H200
@@ -294,8 +297,10 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # multiprocessors, for per-dimension gates always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
-# shows the recorded run (NVIDIA H200, 2026-11-21, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
-# `book/data/bench.json`, the kernels of this chapter at commit `7b209be`).
+# shows the recorded run (`tools/bench.py --suite anchors`, NVIDIA H200, 2026-11-21 15:04 UTC,
+# the kernels of this chapter at commit `30738f4`, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
+# `book/data/bench.json`). `floor` is the time to read every input once and write $o$ once at the
+# copy bandwidth measured in that run.
 
 # %%
 def recorded():
@@ -309,10 +314,12 @@ def recorded():
 def show_recorded_modes():
     rec = recorded()
     env = rec["env"]
-    print(f"recorded: {env['device']}, {env['date']}, torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
+    print(f"recorded: {env['device']}, {env['date']}, kernels at commit {env.get('commit', '?')}, "
+          f"torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
     print(bench.markdown_table(
-        ["op", "T", "B", "fused", "states", "auto", "FLA", "SDPA causal"],
-        [[r["op"], r["T"], r["B"], r["triton:fused"], r["triton:states"], r["triton"], r["fla"], r["sdpa"]]
+        ["op", "T", "B", "fused", "states", "auto", "FLA", "auto/FLA", "SDPA causal", "floor", "auto/floor"],
+        [[r["op"], r["T"], r["B"], r["triton:fused"], r["triton:states"], r["triton"], r["fla"],
+          r.get("ratio_fla"), r["sdpa"], r.get("floor"), r.get("ratio_floor")]
          for r in rec["anchors"]["rows"] if r["op"] in ("linear_attn", "gla", "simple_gla")]))
     for note in rec["anchors"]["notes"]:
         print("note:", note)
@@ -331,27 +338,39 @@ def live_modes():
 pick(cpu=show_recorded_modes, gpu=live_modes)()
 
 # %% [markdown]
-# What the recorded run says, against the model:
+# What the recorded run (15:04 UTC, commit `30738f4`) says, against the model:
 #
 # * **Linear attention** (the `linear_attn` rows of chapter 09) follows the model. Fused takes
-#   0.289 ms at every $T \le 8192$ and beats FLA there (0.37–0.41 ms); states costs 0.115 ms more
-#   at $T = 1024$ — close to the 0.13 ms of traffic estimated above. At $T = 16384$ and $32768$
-#   fused slows down (0.526, 1.02 ms) and states wins (0.448, 0.557 ms). The rule in `auto` is off
-#   by one step: at $T = 8192$ the fused grid has 128 programs, just under the 132 SMs, so `auto`
-#   picked states (0.411 ms) although fused was faster there (0.290 ms).
-# * **GLA (per-dimension gates)** does not: states is faster at *every* length — 1.88 ms against
-#   fused's 2.06 ms for $T \le 8192$ — and fused then degrades as predicted (3.07 ms at 16k,
-#   5.09 ms at 32k, states 2.05 and 2.66 ms). So `auto`, which picks fused up to $T = 4096$, costs
-#   GLA about 0.18 ms there. Why the fused GLA kernel loses even with a full grid has not been
-#   profiled; a likely reason is its size: with the state, the gates and four dots per chunk in one
-#   loop, its bf16 tiles at $K = V = 128$ needed more shared memory than an H200 has with Triton's
-#   default three pipeline stages (it runs with two), which leaves little room for a second
-#   program per multiprocessor to hide latency.
-# * **Scalar-gate GLA** (`simple_gla`) sits in between: states slightly ahead at every $T$
-#   (0.46–0.48 ms against 0.49–0.50 ms fused up to $T = 8192$), fused far behind at 32k (2.01 ms).
-# * **Against FLA** (`chunk_gla`, 1.38–2.05 ms), our best GLA mode is 1.23–1.49× slower: the goal
-#   of matching FLA (ratio ≤ 1.0) is **not met** for GLA. Linear attention meets it up to
-#   $T = 8192$ (ratio 0.70–0.79 with fused) and misses it beyond (1.15–1.21).
+#   0.282 ms at every $T \le 8192$; states costs 0.099 ms more at $T = 1024$ (0.381 ms), a little
+#   under the 0.13 ms of traffic estimated above. At $T = 16384$ and $32768$ fused slows down
+#   (0.507, 0.985 ms) and states wins (0.421, 0.530 ms). `auto` picked the faster mode at every
+#   $T$ (at $T = 8192$: fused, 0.286 ms; the 13:52 UTC run's stricter rule picked states there,
+#   0.411 ms).
+# * **GLA (per-dimension gates)** does not: states is faster at *every* length — 1.82–1.83 ms
+#   against fused's 2.05 ms for $T \le 8192$ — and fused then degrades as predicted (3.05 ms at
+#   16k, 5.03 ms at 32k, states 2.00 and 2.63 ms). `auto` now always picks states for these gates,
+#   so it is right at every $T$ here. Why the fused GLA kernel loses even with a full grid has not
+#   been profiled; a likely reason is its size: with the state, the gates and four dots per chunk
+#   in one loop, its bf16 tiles at $K = V = 128$ needed more shared memory than an H200 has with
+#   Triton's default three pipeline stages (it runs with two), which leaves little room for a
+#   second program per multiprocessor to hide latency.
+# * **Scalar-gate GLA** (`simple_gla`, per-head gates) is closer to linear attention: fused
+#   0.323–0.327 ms against states 0.476–0.521 ms for $T \le 4096$. At $T = 8192$ states is ahead
+#   (0.514 against 0.545 ms) although `auto` picks fused (128 programs): for per-head gates the
+#   rule rests on a measurement at $T = 1024$ only (`gated.choose_mode`), and here it costs 6 %.
+#   At 16k and 32k fused falls far behind (1.09, 2.27 ms) and states takes 0.691 and 1.07 ms —
+#   *slower* than in the 13:52 UTC run (0.526 and 0.710 ms). Not profiled; two changes since
+#   `7b209be` touch that path: the per-head gates are now summed inside the state and output
+#   kernels, and the states-mode output kernel is 128 columns wide instead of 64.
+# * **Against FLA** (issue #5's target: forward time ≤ FLA's at every $T$). GLA: FLA's `chunk_gla`
+#   takes 1.41–2.09 ms, ours (auto) is 1.17–1.29× slower — **not met** at any $T$. Linear
+#   attention: ratio 0.55–0.76 up to $T = 8192$ (0.77 at $T = 1024$ against FLA's time in earlier
+#   runs, see chapter 09), 1.05 and 1.15 beyond: it holds up to 8192 and fails at 16k and 32k, so
+#   **not met**. `simple_gla`: 0.79–0.96 up to 8192, 1.41 and 1.77 beyond — the same split.
+# * **Against the memory floor** (the aim for GLA: ≤ 2× the time to read the inputs and write $o$
+#   once; 0.190 ms here). Our GLA is 9.6× the floor up to $T = 8192$, 10.5× and 13.8× beyond —
+#   **far from met**. FLA's `chunk_gla` is itself 7.4–11× the floor in the same run. Linear
+#   attention comes closest: 2.2× its floor (0.127 ms) up to $T = 8192$.
 
 # %% [markdown]
 # ## 7. Figure 2 of the GLA paper, left: time against sequence length
@@ -359,7 +378,8 @@ pick(cpu=show_recorded_modes, gpu=live_modes)()
 # The paper's claim is that a chunkwise linear-attention kernel overtakes FlashAttention as
 # sequences grow: at a fixed number of tokens, softmax attention costs $O(T)$ per token, GLA
 # $O(C + K)$. On a GPU the cell times our GLA (auto mode) and causal SDPA over $T = 1k\dots32k$; on
-# a CPU it plots the recorded H200 run (2026-11-21), with FLA's `chunk_gla` beside it.
+# a CPU it plots the recorded H200 run (2026-11-21 15:04 UTC, commit `30738f4`), with FLA's
+# `chunk_gla` beside it.
 
 # %%
 def series_live():
@@ -387,13 +407,14 @@ print(bench.markdown_table(["T"] + list(series), [[t] + [s[i] for s in series.va
 
 # %% [markdown]
 # The shape of the paper's left panel is there, but it arrives later than we aimed for. In the
-# recorded run softmax attention's time doubles with $T$ (0.30 → 7.44 ms) while ours stays at
-# 1.88–2.67 ms. Our GLA overtakes causal SDPA only from $T = 8192$ (1.88 against 1.93 ms), and is
-# well ahead at 16k (2.05 against 3.82 ms) and 32k (2.67 against 7.44 ms). The goal was to beat
-# it from $T = 2048$ (the paper's GLA overtakes FlashAttention-2 between 2k and 4k, forward and
-# backward on an A100); at $T = 2048$ we take 2.06 ms against SDPA's 0.535 ms, and even FLA's
-# 1.38 ms would only overtake SDPA between 4k and 8k in this forward-only setting. That goal is
-# **not met**.
+# recorded run (15:04 UTC, commit `30738f4`) softmax attention's time doubles with $T$
+# (0.297 → 7.71 ms) while ours stays at 1.82–2.62 ms. At $T = 8192$ SDPA is still slightly ahead
+# (1.75 against our 1.82 ms; in the 13:52 UTC run it was the other way round, 1.93 against
+# 1.88 ms); ours overtakes it between 8k and 16k and is well ahead at 16k (1.99 against 3.80 ms)
+# and 32k (2.62 against 7.71 ms). Issue #5 asked for GLA faster than SDPA from $T = 2048$ (the
+# paper's GLA overtakes FlashAttention-2 between 2k and 4k, forward and backward on an A100); at
+# $T = 2048$ we take 1.83 ms against SDPA's 0.518 ms, and even FLA's 1.41 ms overtakes SDPA only
+# between 4k and 8k in this forward-only setting. That target is **not met**.
 
 # %% [markdown]
 # ## 8. Figure 2, right: intra- against inter-chunk time as $C$ grows
@@ -428,9 +449,12 @@ plt.show()
 # 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our split: inter = cumulative gates + the state pass
 # (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
 # output kernel, which also does $QS$). On a GPU the next cell measures it; on a CPU it shows the
-# sweep recorded on the H200 (2026-11-21, `tools/bench.py --suite chunks`, $T = 8192$, $B = 4$,
-# states mode). That run measured $C = 16, 32, 64$ only: it stopped at $C = 128$ on a logging bug
-# in `tools/bench.py` (fixed since), so $C = 128$ and $256$ have no recorded point.
+# sweep recorded on the H200 in the **older** run (2026-11-21 13:52 UTC, kernels at commit
+# `7b209be`, `tools/bench.py --suite chunks`, $T = 8192$, $B = 4$, states mode). The anchors of §6
+# and §7 were re-measured at 15:04 UTC (commit `30738f4`); this sweep was not, and since `7b209be`
+# the intra kernel's diagonal tiles use the multiplicative column walk of §3. That run measured
+# $C = 16, 32, 64$ only: it stopped at $C = 128$ on a logging bug in `tools/bench.py` (fixed
+# since), so $C = 128$ and $256$ have no recorded point.
 
 # %%
 def sweep_live():
@@ -468,15 +492,17 @@ else:
         print("note:", recorded()["chunks"]["note"])
 
 # %% [markdown]
-# In the recorded sweep the **inter** half behaves as in the paper: 0.971 → 0.733 → 0.619 ms as
-# $C$ goes 16 → 32 → 64, since the sequential pass gets shorter (512 → 128 steps). The **intra**
+# In the older recorded sweep (13:52 UTC, commit `7b209be`) the **inter** half behaves as in the
+# paper: 0.971 → 0.733 → 0.619 ms as $C$ goes 16 → 32 → 64, since the sequential pass gets shorter (512 → 128 steps). The **intra**
 # half does not rise yet: 1.32, 1.39, 1.25 ms. We have not profiled it; a likely reading is that
 # over this range its growing term — the $C\times C$ matrix, $O(C(K+V))$ per token — is still
 # smaller than the parts that do not depend on $C$: the $(Q\odot e^{B})S$ product of the output
 # kernel ($O(KV)$ per token, which we count as intra) and the float32 diagonal tiles, whose size
 # is fixed by $c = 16$. The paper's rise of intra
 # time shows from $C = 64$ to $256$, exactly the points this run did not reach. Of the measured
-# sizes, $C = 64$ (the default) is the fastest, in both modes (states 1.87 ms, fused 2.05 ms).
+# sizes, $C = 64$ (the default) was the fastest, in both modes (states 1.87 ms, fused 2.05 ms);
+# the 15:04 UTC anchor run, at $C = 64$ only, measured 1.82 and 2.05 ms at the same $T$. Whether
+# the new diagonal walk changes the intra curve is not measured.
 
 # %% [markdown]
 # ## Summary
@@ -489,17 +515,24 @@ else:
 #   finite for log-gates of −20 per token.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size and fills the GPU at any $T$.
-#   Measured on an H200: for linear attention fused wins up to $T = 8192$ (0.289 ms, ahead of
-#   FLA) and states beyond; for per-dimension GLA states wins at every $T$ (1.88 against 2.06 ms),
-#   so the `mode="auto"` rule (fused when its grid covers the SMs) is right for linear attention
-#   except at $T = 8192$, and wrong for GLA up to $T = 4096$.
-# * Our GLA is 1.23–1.49× slower than FLA's and overtakes causal SDPA only from $T = 8192$: the
-#   paper's Figure 2, left, in shape, not yet at the speed we aimed for.
+#   Measured on an H200 (2026-11-21 15:04 UTC, commit `30738f4`): for linear attention fused wins
+#   up to $T = 8192$ (0.282 ms, ahead of FLA) and states beyond; for per-dimension GLA states wins
+#   at every $T$ (1.82–1.83 against 2.05 ms up to 8k). `mode="auto"` (fused for linear attention
+#   and per-head gates while its grid has more programs than half the SMs, states for
+#   per-dimension gates) picked the faster mode at every $T$ for both; for `simple_gla` it picks
+#   fused at $T = 8192$, where states was 6 % faster.
+# * Issue #5's targets (KDA's are in chapter 11): forward ≤ FLA at every $T$ — **not met**: linear
+#   attention and `simple_gla` are under FLA up to $T = 8192$ only (1.05–1.77× beyond), GLA is
+#   1.17–1.29× FLA at every $T$; GLA ≤ 2× the memory floor — **not met** (9.6–13.8×); GLA faster
+#   than causal SDPA from $T = 2048$ — **not met** (it overtakes between 8k and 16k): the paper's
+#   Figure 2, left, in shape, not yet at the speed we aimed for.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
-#   ($\propto T/C$): the paper's Figure 2, right. Measured for $C = 16\dots64$: inter falls as
-#   predicted, intra stays flat, $C = 64$ is fastest; $C = 128, 256$ are still to be measured.
+#   ($\propto T/C$): the paper's Figure 2, right. Measured for $C = 16\dots64$ in the older run
+#   (13:52 UTC, commit `7b209be`): inter falls as predicted, intra stays flat, $C = 64$ is
+#   fastest; $C = 128, 256$, and the sweep with the current kernels, are still to be measured.
 #
-# The recorded numbers are in `book/data/bench.json` (H200, 2026-11-21, torch 2.11.0+cu130,
-# triton 3.6.0, FLA 0.6.0); notes on what was measured and how are in `docs/perf_notes.md`. There is no graded
+# The recorded numbers are in `book/data/bench.json` (H200, torch 2.11.0+cu130, triton 3.6.0,
+# FLA 0.6.0; anchors 2026-11-21 15:04 UTC at commit `30738f4`, the chunk sweep 13:52 UTC at
+# `7b209be`); notes on what was measured and how are in `docs/perf_notes.md`. There is no graded
 # workbook for this chapter yet; a good exercise is to write `_diagonal_tile` yourself and check
 # it against `linattn.chunk.gated.intra_chunk_matrix` restricted to the diagonal tiles.
