@@ -38,9 +38,6 @@ if "google.colab" in sys.modules:
 # same cells compile them natively.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
@@ -352,20 +349,9 @@ print("ran:", linattn.which("linear_attn"))
 # cell times the two modes live as well.
 
 # %%
-def recorded_bench():
-    """The newest recorded GPU benchmark: a full tools/bench.py run if present, else the first run."""
-    here = Path("data")
-    for name in ("bench.json", "bench_h200.json"):
-        if (here / name).exists():
-            return json.loads((here / name).read_text())
-    return None
-
-
-rec = recorded_bench()
+rec = bench.recorded_run("bench.json", "bench_h200.json")   # a full tools/bench.py run, else the first run
 rows = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"]
-env = rec["env"]
-print(f"recorded: {env['device']}, {env['date']}, kernels at commit {env.get('commit', '?')}, "
-      f"torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
+print("recorded:", bench.run_label(rec["env"]))
 print(bench.markdown_table(
     ["T", "B", "ours (auto)", "fused", "states", "chunk (PyTorch)", "FLA", "ours/FLA", "SDPA causal",
      "floor", "ours/floor"],

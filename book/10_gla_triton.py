@@ -34,9 +34,6 @@ if "google.colab" in sys.modules:
 # recorded GPU run (`book/data/`); on a GPU the same cells run natively and time live.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
@@ -303,19 +300,11 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # copy bandwidth measured in that run.
 
 # %%
-def recorded():
-    here = Path("data")
-    for name in ("bench.json", "bench_h200.json"):
-        if (here / name).exists():
-            return json.loads((here / name).read_text())
-    return None
+rec = bench.recorded_run("bench.json", "bench_h200.json")   # also read by the sections below
 
 
 def show_recorded_modes():
-    rec = recorded()
-    env = rec["env"]
-    print(f"recorded: {env['device']}, {env['date']}, kernels at commit {env.get('commit', '?')}, "
-          f"torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
+    print("recorded:", bench.run_label(rec["env"]))
     print(bench.markdown_table(
         ["op", "T", "B", "fused", "states", "auto", "FLA", "auto/FLA", "SDPA causal", "floor", "auto/floor"],
         [[r["op"], r["T"], r["B"], r["triton:fused"], r["triton:states"], r["triton"], r["fla"],
@@ -393,7 +382,7 @@ def series_live():
 
 
 def series_recorded():
-    rows = [r for r in recorded()["anchors"]["rows"] if r["op"] == "gla"]
+    rows = [r for r in rec["anchors"]["rows"] if r["op"] == "gla"]
     return ([r["T"] for r in rows], {"GLA (ours, Triton, auto)": [r["triton"] for r in rows],
                                      "FLA chunk_gla": [r["fla"] for r in rows],
                                      "SDPA causal (FlashAttention)": [r["sdpa"] for r in rows]}, "recorded")
@@ -470,7 +459,6 @@ def sweep_live():
 
 
 def sweep_recorded():
-    rec = recorded()
     return (rec["chunks"]["rows"], "recorded") if rec and "chunks" in rec else (None, "not recorded")
 
 
@@ -488,8 +476,8 @@ else:
     plt.show()
     print(bench.markdown_table(["C", "inter", "intra", "total (states)", "fused"],
                                [[r["C"], r["inter"], r["intra"], r["total"], r.get("fused")] for r in sweep]))
-    if kind == "recorded" and recorded()["chunks"].get("note"):
-        print("note:", recorded()["chunks"]["note"])
+    if kind == "recorded" and rec["chunks"].get("note"):
+        print("note:", rec["chunks"]["note"])
 
 # %% [markdown]
 # In the older recorded sweep (13:52 UTC, commit `7b209be`) the **inter** half behaves as in the

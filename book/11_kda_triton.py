@@ -38,14 +38,11 @@ if "google.colab" in sys.modules:
 # the same cells compile them natively.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
 import linattn
-from linattn import chunk, naive, testing
+from linattn import bench, chunk, naive, testing
 from linattn.chunk import delta as cdelta
 from linattn.device import pick
 from linattn.triton import delta as tdelta
@@ -340,9 +337,8 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
 def recorded():
     """The latest recorded GPU run: tools/bench.py's anchor suite (bench.json) if it holds the
     delta-rule ops, else this chapter's own run (11_kda_triton.json)."""
-    here = next(p for p in (Path("data"), Path("book/data")) if p.is_dir())
-    if (here / "bench.json").exists():
-        res = json.loads((here / "bench.json").read_text())
+    res = bench.recorded_run("bench.json")
+    if res:
         names = {"delta_rule": "delta", "gated_delta_rule": "gdn", "kda": "kda"}
         got = {}
         for r in res.get("anchors", {}).get("rows", []):
@@ -358,13 +354,12 @@ def recorded():
                 commit = notes[0] if notes else None
             env = dict(res["env"], kernel="current kernels, " + (f"commit {commit}" if commit else "bench.json"))
             return {"env": env, "base": sorted(rows, key=lambda r: r["T"])}
-    return json.loads((here / "11_kda_triton.json").read_text())
+    return older_run()
 
 
 def older_run():
     """The first recorded run of these kernels (commit 8c12ca0): an OLDER kernel version."""
-    here = next(p for p in (Path("data"), Path("book/data")) if p.is_dir())
-    return json.loads((here / "11_kda_triton.json").read_text())
+    return bench.recorded_run("11_kda_triton.json")
 
 
 rec = recorded()
@@ -426,7 +421,6 @@ for r in old["base"]:
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
-    from linattn import bench
     from linattn.validate import value_checks
 
     Tl = 4096

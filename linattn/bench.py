@@ -56,6 +56,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
@@ -182,6 +183,25 @@ def save_json(path, results: dict) -> None:
 def load_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+# Where recorded GPU runs live: book/data/ of the checkout (the chapters' own data/ when run from book/).
+DATA_DIRS = (Path("data"), Path("book/data"), Path(__file__).resolve().parent.parent / "book" / "data")
+
+
+def recorded_run(*names):
+    """The first of `names` found in book/data/ (GPU runs the chapters show on a CPU), parsed; else None."""
+    for name in names:
+        for here in DATA_DIRS:
+            if (here / name).exists():
+                return load_json(here / name)
+    return None
+
+
+def run_label(env: dict) -> str:
+    """Where, when and with what a recorded run was made: the line printed above its table."""
+    return (f"{env['device']}, {env['date']}, kernels at commit {env.get('commit', '?')}, "
+            f"torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
 
 
 def markdown_table(columns, rows) -> str:
