@@ -5,7 +5,7 @@
 #   3. the benchmarks (tools/bench.py), and the NCCL context-parallel check when 2+ GPUs exist;
 # then a short report in $OUT/report.md (also printed last).
 # The device has no network and no Jupyter stack: carry .devwheels (../shared/tools/device-wheels.sh).
-#   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu)
+#   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu; JOBS pytest workers, 14)
 #   STAGES="tests bench cp" (default: all three) runs a subset, e.g. to fit a 10-minute call;
 #   BENCH_ARGS passes options to tools/bench.py (e.g. "--suite anchors"); BENCH_TIMEOUT bounds it
 #   in seconds (the bench saves its results row by row, so a cut-off run still reports); TESTS_TIMEOUT
@@ -28,14 +28,33 @@ import torch, triton, linattn
 print(linattn.device.describe())
 print("python", __import__("sys").version.split()[0], "· GPUs:", torch.cuda.device_count())
 PY
+# A Triton cache carried in .tcache/ (parts of a tar.gz brought back by an earlier call with TCACHE_OUT=1)
+# spares a fresh machine most of the compilation, which is most of a call's time.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+mkdir -p "$TRITON_CACHE_DIR"
+ls .tcache/tcache.tgz.* >/dev/null 2>&1 && cat .tcache/tcache.tgz.* | tar -xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: unpacked $(ls "$TRITON_CACHE_DIR" | wc -l) entries"
 t0=$(date +%s)
 tests_rc=skipped bench_rc=skipped
-if has tests; then
 # -vv (-q comes from pyproject): one line per test as it ends, so a run cut by TESTS_TIMEOUT still names what failed and counts
-# what passed (a run cut at 420 s on 2026-11-21 left only progress dots and one anonymous F)
-timeout "${TESTS_TIMEOUT:-3600}" python3 -m pytest -n 4 --dist loadfile -p no:cacheprovider \
-  --junitxml="$OUT/junit.xml" -vv -rfE "$@" 2>&1 | tee "$OUT/pytest.log" | grep -E " (FAILED|ERROR) |passed|failed" | tail -40
-tests_rc=${PIPESTATUS[0]}
+# what passed (a run cut at 420 s on 2026-11-21 left only progress dots and one anonymous F).
+# Without arguments: tests/ spread test by test (--dist load: one Triton file is too long for one worker),
+# then the notebooks file by file (their cells must run in order in one kernel).
+pytest_part() {
+  local left=$(( ${TESTS_TIMEOUT:-3600} - ($(date +%s) - t0) ))
+  [ "$left" -gt 10 ] || return 124
+  timeout "$left" python3 -m pytest -n "${JOBS:-14}" -p no:cacheprovider -vv -rfE --durations=10 "$@" 2>&1 \
+    | tee -a "$OUT/pytest.log" | grep -E " (FAILED|ERROR) |passed|failed" | tail -40
+  return "${PIPESTATUS[0]}"
+}
+if has tests; then
+  : > "$OUT/pytest.log"
+  if [ $# -gt 0 ]; then
+    pytest_part --dist loadfile "$@"; tests_rc=$?
+  else
+    pytest_part --dist load tests; tests_rc=$?
+    pytest_part --dist loadfile book exercises; rc2=$?
+    [ "$tests_rc" = 0 ] && tests_rc=$rc2
+  fi
 fi
 t1=$(date +%s)
 if has bench; then
@@ -43,6 +62,11 @@ timeout "${BENCH_TIMEOUT:-3600}" python3 tools/bench.py --out "$OUT" ${BENCH_ARG
 bench_rc=${PIPESTATUS[0]}
 fi
 t2=$(date +%s)
+if [ -n "${TCACHE_OUT:-}" ]; then  # parts under 16 MiB: the most one file brought back may hold
+  tar -czf /tmp/tcache.tgz -C "$TRITON_CACHE_DIR" . && ls -la /tmp/tcache.tgz
+  # at most 8 files come back: leave room for the logs and the report
+  [ "$(stat -c %s /tmp/tcache.tgz)" -le $((4 * 15 * 1048576)) ] && split -b 15m /tmp/tcache.tgz "$OUT/tcache.tgz."
+fi
 cp_rc=skipped
 if has cp && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] && [ -f tools/cp_nccl.py ]; then
   python3 tools/cp_nccl.py --backend nccl 2>&1 | tee "$OUT/cp_nccl.log" | tail -20
@@ -55,7 +79,7 @@ fi
   [ -f "$OUT/pytest.log" ] && { echo '```'; grep -E " (FAILED|ERROR) " "$OUT/pytest.log" | sort -u | head -40
                                  echo "passed so far: $(grep -c ' PASSED ' "$OUT/pytest.log")"
                                  [ "$tests_rc" = 124 ] && echo "cut by TESTS_TIMEOUT=${TESTS_TIMEOUT:-}"
-                                 tail -1 "$OUT/pytest.log"; echo; echo '```'; }
+                                 grep -E "^=+ .*(passed|failed).* =+$" "$OUT/pytest.log"; echo '```'; }
   echo; echo "## Benchmarks: exit $bench_rc, $((t2 - t1)) s"
   [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
   echo; echo "## Context parallel over NCCL: $cp_rc"
