@@ -122,12 +122,13 @@ def check_beta(beta, d: Dims, q, low=0.0, high=2.0):
             _fail(f"beta must lie in [{low}, {high}], got values in [{lo:.4g}, {hi:.4g}]")
 
 
-def check_chunk(chunk_size, sub_chunk_size=None, *, power_of_two=False, minimum=1):
+def check_chunk(chunk_size, sub_chunk_size=None, *, power_of_two=False, minimum=1, maximum=None):
     def ok(n):
         return isinstance(n, int) and not isinstance(n, bool) and n >= minimum and (
-            not power_of_two or n & (n - 1) == 0)
+            not power_of_two or n & (n - 1) == 0) and (maximum is None or n <= maximum)
 
-    need = f"an int ≥ {minimum}" + (" and a power of two" if power_of_two else "")
+    need = f"an int ≥ {minimum}" + (f" and ≤ {maximum}" if maximum else "") + (
+        " and a power of two" if power_of_two else "")
     if not ok(chunk_size):
         _fail(f"chunk_size must be {need}, got {chunk_size!r}")
     if sub_chunk_size is not None:

@@ -26,6 +26,8 @@ if GPU:  # head dimensions of real models, longer sequences, every chunk size
     SHAPES += [(op, gate, 2, 1000, 4, 128, 128, 64)
                for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))]
     SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 256, 32), ("kda", "per_head", 1, 700, 3, 32, 64, 128)]
+    # the largest chunks the Triton level takes, at full head width
+    SHAPES += [("delta_rule", None, 1, 600, 2, 128, 128, 128), ("kda", "per_dim", 1, 600, 2, 128, 128, 256)]
 
 
 def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0):
@@ -160,6 +162,7 @@ def _args(**kw):
 @pytest.mark.parametrize("bad, word", [
     (dict(chunk_size=48), "chunk_size"),                 # not a power of two
     (dict(chunk_size=8), "chunk_size"),                  # below one 16×16 block
+    (dict(chunk_size=512), "≤ 256"),                     # over what the state pass fits on chip
     (dict(beta=torch.rand(1, 20, 2)), "beta"),
     (dict(g=torch.full((1, 20, 1, 16), 0.5)), "g"),      # a decay, not a log-decay
     (dict(scale=-1.0), "scale"),

@@ -13,8 +13,9 @@ DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # B, T, H, K, V, chunk_size, sub_chunk_size: T not a multiple of C nor c, K != V; bigger on a GPU.
 SHAPE = device.pick(cpu=(1, 83, 2, 32, 48, 32, 16), gpu=(2, 500, 3, 128, 96, 64, 16))
-CHUNKINGS = device.pick(  # (T, C, c): one sub-chunk per chunk, many sub-chunks, C = c = 16
-    cpu=[(45, 16, 16), (70, 64, 16), (40, 32, 32)],
+CHUNKINGS = device.pick(  # (T, C, c): one sub-chunk per chunk, many sub-chunks, C = c = 16,
+    # C = 128 (output in row blocks of 64)
+    cpu=[(45, 16, 16), (70, 64, 16), (40, 32, 32), (150, 128, 32)],
     gpu=[(300, 16, 16), (700, 128, 16), (300, 64, 32), (600, 256, 64)],
 )
 WIDE = device.pick(cpu=(1, 40, 1, 64, 80, 32, 16), gpu=(1, 400, 2, 256, 256, 64, 16))
@@ -64,6 +65,22 @@ def test_strong_gates_stay_finite(gate, dtype, mode):
 @pytest.mark.parametrize("T,C,c", CHUNKINGS, ids=str)
 def test_chunk_and_sub_chunk_sizes(T, C, c, mode):
     args = inputs(1, T, 2, 24, 16, dtype=torch.bfloat16, seed=C + c)     # K = 24: masked to a block of 32
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
+
+
+# Chunks over the 64-row output block at full width (chapter 10's chunk sweep): the output in row
+# blocks, the state pass with fewer pipeline stages where 3 do not fit (common.launch).
+LONG_CHUNKS = device.pick(cpu=[(1, 150, 1, 32, 16, 128, 32)],
+                          gpu=[(1, 600, 2, 128, 128, 128, 16), (1, 600, 2, 128, 128, 256, 16)])
+
+
+@pytest.mark.parametrize("dtype", device.pick(cpu=[torch.float32], gpu=[torch.float32, torch.bfloat16]), ids=str)
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
+@pytest.mark.parametrize("shape", LONG_CHUNKS, ids=str)
+def test_long_chunks(shape, gate, mode, dtype):
+    B, T, H, K, V, C, c = shape
+    args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, seed=C)
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
 
 
@@ -134,6 +151,7 @@ def test_dispatch_reaches_triton():
     ({"sub_chunk_size": 8}, "sub_chunk_size"),
     ({"sub_chunk_size": 64, "chunk_size": 32}, "sub_chunk_size"),
     ({"chunk_size": 48}, "chunk_size"),
+    ({"chunk_size": 512}, "≤ 256"),
     ({"mode": "both"}, "mode"),
 ])
 def test_bad_arguments(bad, match):

@@ -12,8 +12,10 @@ DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # B, T, H, K, V, chunk_size: T not a multiple of C, K != V; bigger on a GPU.
 SHAPES = device.pick(
-    cpu=[(1, 83, 2, 32, 48, 32), (2, 20, 1, 20, 16, 16)],   # K = 20: not a power of two
-    gpu=[(2, 300, 3, 128, 96, 64), (1, 1000, 2, 64, 128, 128), (3, 77, 2, 16, 32, 16)],
+    # K = 20: not a power of two; C = 128, 256: the output in row blocks of 64
+    cpu=[(1, 83, 2, 32, 48, 32), (2, 20, 1, 20, 16, 16), (1, 150, 1, 16, 24, 128)],
+    gpu=[(2, 300, 3, 128, 96, 64), (1, 1000, 2, 64, 128, 128), (3, 77, 2, 16, 32, 16),
+         (1, 700, 2, 128, 128, 256)],
 )
 # K, V up to 256: on the GPU only, the interpreter takes minutes at that width.
 WIDE = device.pick(cpu=(1, 40, 1, 64, 80, 32), gpu=(1, 500, 2, 256, 256, 64))
@@ -83,6 +85,7 @@ def test_non_contiguous_inputs():
 @pytest.mark.parametrize("bad,match", [
     ({"chunk_size": 24}, "chunk_size"),
     ({"chunk_size": 8}, "chunk_size"),
+    ({"chunk_size": 512}, "chunk_size must be an int ≥ 16 and ≤ 256"),
     ({"mode": "parallel"}, "mode"),
 ])
 def test_bad_arguments(bad, match):

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.runtime.errors import OutOfResources
+
 from .. import device  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
 from ..validate import InputError
 
@@ -70,6 +72,32 @@ def num_sms() -> int:
     if interpreting():
         return 1
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+# The largest chunk the kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
+# at once, 128 KB at C = 256 in bf16 (one pipeline stage, see launch); C = 512 would not fit an
+# H200's 227 KB of shared memory.
+MAX_CHUNK = 256
+_STAGES_THAT_FIT: dict = {}
+
+
+def launch(kernel, grid, *args, **kw):
+    """kernel[grid](*args, **kw) with the most software-pipeline stages (3, 2, then 1) that fit in
+    shared memory. Each extra stage holds another copy of the loop's tiles; at C = 256 the state
+    pass's tiles (k, v and float32 gates, 128 KB in bf16) need 257 KB with Triton's default of
+    3 stages, over an H200's 227 KB (seen in chapter 10's chunk sweep). Fewer stages compute the
+    same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes."""
+    key = (kernel, tuple(sorted(kw.items())), tuple(getattr(a, "dtype", None) for a in args))
+    tried = _STAGES_THAT_FIT.get(key, (3, 2, 1))
+    for i, stages in enumerate(tried):
+        try:
+            compiled = kernel[grid](*args, num_stages=stages, **kw)
+        except OutOfResources:
+            if i == len(tried) - 1:
+                raise
+            continue
+        _STAGES_THAT_FIT[key] = (stages,)
+        return compiled
 
 
 @triton.jit

@@ -45,7 +45,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
+from .common import MAX_CHUNK, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -60,6 +60,9 @@ FUSED_STAGES = 2
 # linear attention, 32×32 blocks (256 programs, 2 stages; the D1 engineer's run at ~14:35 UTC)
 # 0.52 ms: more programs did not pay for the narrower tiles.
 STATE_BLOCK = 64
+# Rows of a chunk one output step handles at once: chunks larger than this go in row blocks, so no
+# [C, C] tile is bigger than 64×64 (C = 256 in float32 would not fit an SM's registers).
+ROW_BLOCK = 64
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
@@ -170,16 +173,52 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
 
 
 @triton.jit
-def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, T, K, V, scale,
-                  s_k, s_v, s_gate, s_a, offs_v, C: tl.constexpr, BK: tl.constexpr,
+def _prefix(gate_base, t0, n, T, s_gate, C: tl.constexpr):
+    """Σ of the per-head gates of the first n tokens of the chunk starting at t0 (a scalar)."""
+    idx = tl.arange(0, C)
+    return tl.sum(tl.load(gate_base + (t0 + idx) * s_gate, mask=(idx < n) & (t0 + idx < T), other=0.0), 0)
+
+
+@triton.jit
+def _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k, s_v, s_gate,
+              s_a, offs_v, C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+              COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    """A[rows, cols] V[cols] for the BR columns of the chunk from c0 on ([BR, BV], float32)."""
+    offs_k = tl.arange(0, BK)
+    cols = t0 + c0 + tl.arange(0, BR)
+    cmask = cols < T
+    v = tl.load(v_base + cols[:, None] * s_v + offs_v[None, :], mask=cmask[:, None] & (offs_v < V)[None, :],
+                other=0.0).to(COMPUTE)                                                          # [BR, BV]
+    if GATE == 2:
+        # intra-chunk matrix from _intra_kernel (secondary chunking)
+        A = tl.load(a_base + rows[:, None] * s_a + (c0 + tl.arange(0, BR))[None, :], mask=rmask[:, None],
+                    other=0.0)                                                                  # [BR, BR]
+    else:
+        k = tl.load(k_base + cols[:, None] * s_k + offs_k[None, :], mask=cmask[:, None] & (offs_k < K)[None, :],
+                    other=0.0).to(COMPUTE)                                                      # [BR, BK]
+        A = dot(q, tl.trans(k), IEEE)                                                           # [BR, BR]
+        if GATE == 1:
+            # a per-head decay leaves the sum over k: one matmul times a decay mask
+            b_c = tl.cumsum(tl.load(gate_base + cols * s_gate, mask=cmask, other=0.0), 0)       # [BR]
+            if C > BR:
+                b_c += _prefix(gate_base, t0, c0, T, s_gate, C)
+            A = A * tl.exp(tl.minimum(b_r[:, None] - b_c[None, :], 0.0))
+    A = tl.where(rows[:, None] >= cols[None, :], A, 0.0)   # a select, not a product: unwritten entries never leak
+    return dot(A.to(COMPUTE), v, IEEE)
+
+
+@triton.jit
+def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, T, K, V, scale,
+                  s_k, s_v, s_gate, s_a, offs_v, C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                   GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
-    """Write o for the chunk starting at t0, given S [BK, BV] (float32), the state before the chunk."""
+    """Write o for rows r0 … r0+BR−1 of the chunk starting at t0, given S [BK, BV] (float32), the
+    state before the chunk. BR = C up to 64; larger chunks go in row blocks of 64, each summing the
+    column blocks up to its diagonal (a 256×256 float32 tile would not fit an SM)."""
     offs_k = tl.arange(0, BK)
     kmask = offs_k < K
-    rows = t0 + tl.arange(0, C)
+    rows = t0 + r0 + tl.arange(0, BR)
     rmask = rows < T
     m_qk = rmask[:, None] & kmask[None, :]
-    causal = rows[:, None] >= rows[None, :]
     if IEEE:
         # A fresh tensor for the operand, as the .to() makes for half precision. Natively (Triton
         # 3.6, H200) float32 fused mode failed its test while float32 states mode and bf16/fp16
@@ -188,28 +227,26 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, T, K
         Sc = tl.where((offs_v < V)[None, :], S, 0.0)
     else:
         Sc = S.to(COMPUTE)
-    q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)    # [C, BK]
-    vmask = rmask[:, None] & (offs_v < V)[None, :]
+    q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)    # [BR, BK]
+    b_r = tl.zeros([BR], dtype=tl.float32)
     if GATE == 2:
-        # intra-chunk matrix from _intra_kernel (secondary chunking); queries decayed from the chunk start
-        A = tl.load(a_base + rows[:, None] * s_a + tl.arange(0, C)[None, :], mask=rmask[:, None],
-                    other=0.0)                                                                      # [C, C]
-        b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=m_qk, other=0.0)     # [C, BK]
-        v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :], mask=vmask, other=0.0).to(COMPUTE)  # [C, BV]
-        acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                                            # [C, BV]
+        # queries decayed from the chunk start
+        b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=m_qk, other=0.0)     # [BR, BK]
+        acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                                            # [BR, BV]
+    elif GATE == 1:
+        b_r = tl.cumsum(tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0), 0)               # [BR]
+        if C > BR:
+            b_r += _prefix(gate_base, t0, r0, T, s_gate, C)
+        acc = dot((q * tl.exp(b_r)[:, None]).to(COMPUTE), Sc, IEEE)
     else:
-        k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)  # [C, BK]
-        v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :], mask=vmask, other=0.0).to(COMPUTE)  # [C, BV]
-        A = dot(q, tl.trans(k), IEEE)                                                               # [C, C]
-        if GATE == 1:
-            # a per-head decay leaves the sum over k: one matmul times a C×C decay mask; b summed here
-            b = tl.cumsum(tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0), 0)              # [C]
-            A = A * tl.exp(tl.minimum(b[:, None] - b[None, :], 0.0))
-            acc = dot((q * tl.exp(b)[:, None]).to(COMPUTE), Sc, IEEE)
-        else:
-            acc = dot(q, Sc, IEEE)
-    A = tl.where(causal, A, 0.0)   # a select, not a product: unwritten entries of A never leak
-    acc += dot(A.to(COMPUTE), v, IEEE)
+        acc = dot(q, Sc, IEEE)
+    if C == BR:
+        acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, 0, T, K, V, s_k, s_v,
+                         s_gate, s_a, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
+    else:
+        for c0 in range(0, r0 + BR, BR):                      # column blocks up to the diagonal
+            acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k,
+                             s_v, s_gate, s_a, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
     tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
              (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & (offs_v < V)[None, :])
 
@@ -255,11 +292,12 @@ def _states_kernel(k, v, gate, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: t
 
 
 @triton.jit
-def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr,
+def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                    IEEE: tl.constexpr):
-    # One program per (V-block, chunk, batch·head): every chunk's output in parallel.
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    # One program per (V-block, row block of a chunk, batch·head): every chunk's output in parallel.
+    i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
     q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
     offs_k = tl.arange(0, BK)
@@ -268,13 +306,13 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
     S = tl.load(h + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
                 mask=smask, other=0.0).to(tl.float32)                                       # [BK, BV]
     a_base = a + i_b * T * H * C + i_h * C
-    _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, i_n * C, T, K, V, scale,
-                  H * K, H * V, s_gate, H * C, offs_v, C, BK, GATE, COMPUTE, IEEE)
+    _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, i_n * C, r0, T, K, V, scale,
+                  H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
 
 
 @triton.jit
 def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
+                  BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -290,8 +328,9 @@ def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.cons
         S = tl.zeros([BK, BV], dtype=tl.float32)
     a_base = a + i_b * T * H * C + i_h * C
     for n in range(NT):
-        _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, T, K, V, scale,
-                      H * K, H * V, s_gate, H * C, offs_v, C, BK, GATE, COMPUTE, IEEE)
+        for r in tl.static_range(C // BR):
+            _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
+                          H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
         S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v, K, V,
                         C, GATE, COMPUTE, IEEE)
     if STORE_ST:
@@ -377,7 +416,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
         try:
             last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
                 q, k, v, gates, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
-                NT, d.scale, BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
+                NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
                 num_warps=4, num_stages=FUSED_STAGES, **common)
             ran["mode"] = "fused"
             return o, sT
@@ -390,8 +429,9 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
         ran["mode"] = mode
     h, _ = chunk_states(k, v, g, d, b=gates if gate == DIM_GATE else None, s0=s0, sT=sT, chunk_size=C)
     BK, BV = output_blocks(K, V, gate, IEEE)
-    last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BK=BK, BV=BV, num_warps=4, **common)
+    BR = min(C, ROW_BLOCK)
+    last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
+        q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BV, num_warps=4, **common)
     return o, sT
 
 
@@ -433,7 +473,8 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     IEEE = COMPUTE == tl.float32
     h = torch.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)   # every entry written below
-    last_launch["states"] = _states_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
+    last_launch["states"] = launch(
+        _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),
         k, v, k if g is None else g, h, s0 if s0 is not None else k, sT if sT is not None else k,
         T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
         HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4)
@@ -444,6 +485,6 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
         sub_chunk_size=16, mode="auto"):
     """Gated linear attention forward; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc."""
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
-    check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16)
+    check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
     return forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
                    chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
