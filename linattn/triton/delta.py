@@ -27,7 +27,7 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import MAX_CHUNK, block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
 from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
@@ -58,6 +58,13 @@ def state_block(V, BH, sms=None):
         if BH * triton.cdiv(V, min(block(V), bv)) >= sms:
             return min(block(V), bv)
     return 16
+
+
+# The largest chunk the delta-rule kernels take (FLA's fixed chunk is 64 too). Natively on the H200
+# (2026-11-21, 15:46 UTC run) DeltaNet at C = 128 in float32 and KDA at C = 256 in bf16, K = V = 128,
+# had not finished compiling after minutes: [C, C] and [C, K] tiles of that size unroll into far
+# more code than the register file holds.
+MAX_CHUNK = 64
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
