@@ -15,6 +15,7 @@ Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): three plain ke
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
+Chunks of 16, 32 or 64 tokens (`MAX_CHUNK`).
 """
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ Two ways to run the chunks (`mode`):
 "auto" picks by measurement (`choose_mode`). When the fused program's tiles do not fit the GPU's
 shared memory (float32 at K = 128, or C = 256), the call runs as "states" instead; `ran["mode"]`
 says which mode the last call used.
+
+Chunks of 16 to 256 tokens (powers of two). Beyond 64 the output step works in row blocks of 64
+(`ROW_BLOCK`) and the state pass may run with fewer pipeline stages (`common.launch`).
 """
 from __future__ import annotations
 
