@@ -80,9 +80,9 @@ DEV = linattn.device.default_device()
 # We also tried the per-dimension case without $A$ and $b$ in memory: each kernel summing its
 # gates, and the output kernel building the tiles of $A$ and multiplying them by $V$ on chip. On
 # an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$, a run at ~14:35 UTC) it took
-# 3.24 ms against 1.88 ms for the pipeline above (the bench of 13:52 UTC, commit `7b209be`; 1.83 ms
-# in the run of 15:04 UTC used in §6); its state pass alone took 0.69 ms, three times FLA's
-# 0.22 ms for the same step. Not profiled further; a likely reason is that its `tl.cumsum` of a
+# 3.24 ms against 1.88 ms for the pipeline above (the bench of 13:52 UTC, commit `7b209be`; 1.81 ms
+# in the run of 15:53 UTC, commit `b1d9f6b`, used in §6); its state pass alone took 0.69 ms,
+# three times FLA's 0.22 ms for the same step. Not profiled further; a likely reason is that its `tl.cumsum` of a
 # $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
 # reads $b$. Saving memory traffic is not always saving time.
 
@@ -268,7 +268,7 @@ print("ran:", linattn.which("gla"))
 # At the benchmark setting ($B\cdot T = 32\,768$ tokens, $H=16$, $K=V=128$, bf16, $C=64$, $B_V=64$),
 # the number of states is the same at every $T$ — 512 chunks × 16 heads — so materialising always
 # costs $512\cdot16\cdot128\cdot128\cdot2$ bytes = 268 MB written and read back: about 0.13 ms at
-# the H200's copy bandwidth of 4.23 TB/s (read + write, measured in the 15:04 UTC run below). What
+# the H200's copy bandwidth of 4.25 TB/s (read + write, measured in the 15:53 UTC run below). What
 # changes with $T$ is how many programs the fused kernel has:
 
 # %%
@@ -294,10 +294,13 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # multiprocessors, for per-dimension gates always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
-# shows the recorded run (`tools/bench.py --suite anchors`, NVIDIA H200, 2026-11-21 15:04 UTC,
-# the kernels of this chapter at commit `30738f4`, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
+# shows the recorded run (`tools/bench.py --suite anchors`, NVIDIA H200, 2026-11-21 15:53 UTC,
+# the kernels of this chapter at commit `b1d9f6b`, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
 # `book/data/bench.json`). `floor` is the time to read every input once and write $o$ once at the
-# copy bandwidth measured in that run.
+# copy bandwidth measured in that run. Between the previous run (15:04 UTC, commit `30738f4`) and
+# this one, the GLA and linear-attention kernels changed only for chunks larger than 64 (§8), so
+# at $C = 64$ both runs measure the same computation; their differences, a few per cent, we read
+# as run-to-run variation.
 
 # %%
 rec = bench.recorded_run("bench.json", "bench_h200.json")   # also read by the sections below
@@ -327,39 +330,42 @@ def live_modes():
 pick(cpu=show_recorded_modes, gpu=live_modes)()
 
 # %% [markdown]
-# What the recorded run (15:04 UTC, commit `30738f4`) says, against the model:
+# What the recorded run (H200, 15:53 UTC, commit `b1d9f6b`) says, against the model:
 #
 # * **Linear attention** (the `linear_attn` rows of chapter 09) follows the model. Fused takes
-#   0.282 ms at every $T \le 8192$; states costs 0.099 ms more at $T = 1024$ (0.381 ms), a little
-#   under the 0.13 ms of traffic estimated above. At $T = 16384$ and $32768$ fused slows down
-#   (0.507, 0.985 ms) and states wins (0.421, 0.530 ms). `auto` picked the faster mode at every
-#   $T$ (at $T = 8192$: fused, 0.286 ms; the 13:52 UTC run's stricter rule picked states there,
-#   0.411 ms).
-# * **GLA (per-dimension gates)** does not: states is faster at *every* length — 1.82–1.83 ms
-#   against fused's 2.05 ms for $T \le 8192$ — and fused then degrades as predicted (3.05 ms at
-#   16k, 5.03 ms at 32k, states 2.00 and 2.63 ms). `auto` now always picks states for these gates,
+#   0.282–0.283 ms at every $T \le 8192$; states costs 0.07–0.09 ms more there (0.349–0.371 ms),
+#   less than the 0.13 ms of traffic estimated above (why less was not profiled). At $T = 16384$
+#   and $32768$ fused slows down (0.515, 1.00 ms) and states wins (0.386, 0.494 ms). `auto`
+#   picked the faster mode at every $T$: fused up to 8192, states beyond.
+# * **GLA (per-dimension gates)** does not: states is faster at *every* length — 1.79–1.81 ms
+#   against fused's 2.07 ms for $T \le 8192$ — and fused then degrades as predicted (3.09 ms at
+#   16k, 5.14 ms at 32k, states 1.97 and 2.61 ms). `auto` always picks states for these gates,
 #   so it is right at every $T$ here. Why the fused GLA kernel loses even with a full grid has not
 #   been profiled; a likely reason is its size: with the state, the gates and four dots per chunk
 #   in one loop, its bf16 tiles at $K = V = 128$ needed more shared memory than an H200 has with
 #   Triton's default three pipeline stages (it runs with two), which leaves little room for a
 #   second program per multiprocessor to hide latency.
 # * **Scalar-gate GLA** (`simple_gla`, per-head gates) is closer to linear attention: fused
-#   0.323–0.327 ms against states 0.476–0.521 ms for $T \le 4096$. At $T = 8192$ states is ahead
-#   (0.514 against 0.545 ms) although `auto` picks fused (128 programs): for per-head gates the
-#   rule rests on a measurement at $T = 1024$ only (`gated.choose_mode`), and here it costs 6 %.
-#   At 16k and 32k fused falls far behind (1.09, 2.27 ms) and states takes 0.691 and 1.07 ms —
-#   *slower* than in the 13:52 UTC run (0.526 and 0.710 ms). Not profiled; two changes since
-#   `7b209be` touch that path: the per-head gates are now summed inside the state and output
-#   kernels, and the states-mode output kernel is 128 columns wide instead of 64.
-# * **Against FLA** (issue #5's target: forward time ≤ FLA's at every $T$). GLA: FLA's `chunk_gla`
-#   takes 1.41–2.09 ms, ours (auto) is 1.17–1.29× slower — **not met** at any $T$. Linear
-#   attention: ratio 0.55–0.76 up to $T = 8192$ (0.77 at $T = 1024$ against FLA's time in earlier
-#   runs, see chapter 09), 1.05 and 1.15 beyond: it holds up to 8192 and fails at 16k and 32k, so
-#   **not met**. `simple_gla`: 0.79–0.96 up to 8192, 1.41 and 1.77 beyond — the same split.
+#   0.301–0.304 ms against states 0.449–0.493 ms for $T \le 4096$. At $T = 8192$ fused jumps to
+#   0.494 ms (linear attention's stays at 0.282; not profiled) and the two modes are about equal
+#   (states 0.489 ms); `auto` picks fused there (128 programs). For per-head gates its rule rests
+#   on a measurement at $T = 1024$ only (`gated.choose_mode`). At 16k and 32k fused falls far
+#   behind (0.969, 2.01 ms) and states takes 0.660 and 1.03 ms — still *slower* than in the
+#   13:52 UTC run (0.526 and 0.710 ms). Not profiled. Two changes since `7b209be` touch that path:
+#   the per-head gates are now summed inside the state and output kernels, and the states-mode
+#   output kernel is 128 columns wide instead of 64. `docs/perf_notes.md` has two leads, from
+#   compiling for sm_90 on a CPU, neither timed: a reverse scan and more barriers in the state
+#   loop, and a 104-byte register spill in the 128-wide output kernel.
+# * **Against FLA** (issue #5's target: forward time ≤ FLA's at every $T$). Linear attention:
+#   0.67–0.77× FLA up to $T = 8192$, 0.98× at 16384, 1.08× at 32768 — under FLA except at 32k,
+#   so **not met** (the 15:04 UTC run was over at 16k too, 1.05×, with the same kernels). GLA:
+#   FLA's `chunk_gla` takes 1.48–2.13 ms, ours (auto) is 1.13–1.22× slower — **not met** at any
+#   $T$. `simple_gla`: 0.74× up to 4096, 1.19× at 8192, 1.43× and 1.71× beyond — **not met** from
+#   8192 on (0.96× at 8192 in the 15:04 UTC run, where FLA took 0.571 ms against 0.414 ms here).
 # * **Against the memory floor** (the aim for GLA: ≤ 2× the time to read the inputs and write $o$
-#   once; 0.190 ms here). Our GLA is 9.6× the floor up to $T = 8192$, 10.5× and 13.8× beyond —
-#   **far from met**. FLA's `chunk_gla` is itself 7.4–11× the floor in the same run. Linear
-#   attention comes closest: 2.2× its floor (0.127 ms) up to $T = 8192$.
+#   once; 0.190 ms here). Our GLA is 9.5× the floor up to $T = 8192$, 10.4× and 13.8× beyond —
+#   **far from met**. FLA's `chunk_gla` is itself 7.8–11.2× the floor in the same run. Linear
+#   attention comes closest: 2.2–2.3× its floor (0.126 ms) up to $T = 8192$, 3.1× and 3.9× beyond.
 
 # %% [markdown]
 # ## 7. Figure 2 of the GLA paper, left: time against sequence length
@@ -367,7 +373,7 @@ pick(cpu=show_recorded_modes, gpu=live_modes)()
 # The paper's claim is that a chunkwise linear-attention kernel overtakes FlashAttention as
 # sequences grow: at a fixed number of tokens, softmax attention costs $O(T)$ per token, GLA
 # $O(C + K)$. On a GPU the cell times our GLA (auto mode) and causal SDPA over $T = 1k\dots32k$; on
-# a CPU it plots the recorded H200 run (2026-11-21 15:04 UTC, commit `30738f4`), with FLA's
+# a CPU it plots the recorded H200 run (2026-11-21 15:53 UTC, commit `b1d9f6b`), with FLA's
 # `chunk_gla` beside it.
 
 # %%
@@ -396,14 +402,15 @@ print(bench.markdown_table(["T"] + list(series), [[t] + [s[i] for s in series.va
 
 # %% [markdown]
 # The shape of the paper's left panel is there, but it arrives later than we aimed for. In the
-# recorded run (15:04 UTC, commit `30738f4`) softmax attention's time doubles with $T$
-# (0.297 → 7.71 ms) while ours stays at 1.82–2.62 ms. At $T = 8192$ SDPA is still slightly ahead
-# (1.75 against our 1.82 ms; in the 13:52 UTC run it was the other way round, 1.93 against
-# 1.88 ms); ours overtakes it between 8k and 16k and is well ahead at 16k (1.99 against 3.80 ms)
-# and 32k (2.62 against 7.71 ms). Issue #5 asked for GLA faster than SDPA from $T = 2048$ (the
-# paper's GLA overtakes FlashAttention-2 between 2k and 4k, forward and backward on an A100); at
-# $T = 2048$ we take 1.83 ms against SDPA's 0.518 ms, and even FLA's 1.41 ms overtakes SDPA only
-# between 4k and 8k in this forward-only setting. That target is **not met**.
+# recorded run (H200, 15:53 UTC, commit `b1d9f6b`) softmax attention's time doubles with $T$
+# (0.298 → 7.69 ms) while ours stays at 1.79–2.61 ms. Ours is behind SDPA up to $T = 4096$ (1.81
+# against 0.925 ms) and ahead from $T = 8192$ on: 1.80 against 2.01 ms at 8k, 1.97 against 3.93 ms
+# at 16k, 2.61 against 7.69 ms at 32k. At 8k the margin is narrow: SDPA took 1.75 ms there in the
+# 15:04 UTC run (ahead of our 1.82 ms) and 1.93 ms in the 13:52 UTC run, so on which side of 8k
+# the crossing falls varies from run to run. Issue #5 asked for GLA faster than SDPA from
+# $T = 2048$ (the paper's GLA overtakes FlashAttention-2 between 2k and 4k, forward and backward
+# on an A100); at $T = 2048$ we take 1.79 ms against SDPA's 0.508 ms, and even FLA's 1.48 ms
+# overtakes SDPA only between 4k and 8k in this forward-only setting. That target is **not met**.
 
 # %% [markdown]
 # ## 8. Figure 2, right: intra- against inter-chunk time as $C$ grows
@@ -437,13 +444,23 @@ plt.show()
 # The paper measured (A100, its own kernels) intra rising from 1.8 to 5 ms and inter falling from
 # 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our split: inter = cumulative gates + the state pass
 # (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
-# output kernel, which also does $QS$). On a GPU the next cell measures it; on a CPU it shows the
-# sweep recorded on the H200 in the **older** run (2026-11-21 13:52 UTC, kernels at commit
-# `7b209be`, `tools/bench.py --suite chunks`, $T = 8192$, $B = 4$, states mode). The anchors of §6
-# and §7 were re-measured at 15:04 UTC (commit `30738f4`); this sweep was not, and since `7b209be`
-# the intra kernel's diagonal tiles use the multiplicative column walk of §3. That run measured
-# $C = 16, 32, 64$ only: it stopped at $C = 128$ on a logging bug in `tools/bench.py` (fixed
-# since), so $C = 128$ and $256$ have no recorded point.
+# output kernel, which also does $QS$). On a GPU the next cell measures it live for
+# $C = 16\dots256$; on a CPU it shows the sweep recorded on the H200 in an **older** run
+# (2026-11-21 13:52 UTC, kernels at commit `7b209be`, `tools/bench.py --suite chunks`, $T = 8192$,
+# $B = 4$, states mode), which stops at $C = 64$.
+#
+# $C = 128$ and $256$ run since commit `5763fe8`. The output step goes in row blocks of 64 rows
+# (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $A$ is
+# larger than $64\times64$. The state pass launches with the most software-pipeline stages that
+# fit in shared memory (`linattn.triton.common.launch`: 3, else 2, else 1). At $C = 256$, three
+# stages of the k, v and float32 gate tiles needed 257 KB, over the H200's 227 KB; before the fix
+# this cell failed there with "out of shared memory". At commit `b1d9f6b` the whole chapter ran
+# natively on the H200 (15:47–15:53 UTC, `tools/gpu_validate.sh`, all tests and notebooks
+# passed) and this cell swept $C = 16\dots256$, but its numbers were not saved. The recorded sweep
+# predates all this: it stopped at $C = 128$ on a logging bug in `tools/bench.py`
+# (`docs/perf_notes.md`), so $C = 128$ and $256$ have no recorded point. Since `7b209be` the intra
+# kernel's diagonal tiles have also changed (the column walk of §3). The anchors of §6 and §7 were
+# re-measured at `b1d9f6b`; this sweep was not.
 
 # %%
 def sweep_live():
@@ -487,10 +504,11 @@ else:
 # smaller than the parts that do not depend on $C$: the $(Q\odot e^{B})S$ product of the output
 # kernel ($O(KV)$ per token, which we count as intra) and the float32 diagonal tiles, whose size
 # is fixed by $c = 16$. The paper's rise of intra
-# time shows from $C = 64$ to $256$, exactly the points this run did not reach. Of the measured
-# sizes, $C = 64$ (the default) was the fastest, in both modes (states 1.87 ms, fused 2.05 ms);
-# the 15:04 UTC anchor run, at $C = 64$ only, measured 1.82 and 2.05 ms at the same $T$. Whether
-# the new diagonal walk changes the intra curve is not measured.
+# time shows from $C = 64$ to $256$, the points the recorded sweep does not reach; on a GPU the
+# cell above measures them. Of the recorded sizes, $C = 64$ (the default) was the fastest, in
+# both modes (states 1.87 ms, fused 2.05 ms); the 15:53 UTC anchor run (commit `b1d9f6b`), at
+# $C = 64$ only, measured 1.79 and 2.07 ms at the same $T$. How the current kernels' intra and
+# inter halves behave over $C = 16\dots256$ has not been recorded.
 
 # %% [markdown]
 # ## Summary
@@ -502,25 +520,29 @@ else:
 # * Every exponent is a difference measured from a point before the query: all factors $\le 1$,
 #   finite for log-gates of −20 per token.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
-#   states costs a fixed ~0.13 ms of traffic at the benchmark size and fills the GPU at any $T$.
-#   Measured on an H200 (2026-11-21 15:04 UTC, commit `30738f4`): for linear attention fused wins
-#   up to $T = 8192$ (0.282 ms, ahead of FLA) and states beyond; for per-dimension GLA states wins
-#   at every $T$ (1.82–1.83 against 2.05 ms up to 8k). `mode="auto"` (fused for linear attention
-#   and per-head gates while its grid has more programs than half the SMs, states for
-#   per-dimension gates) picked the faster mode at every $T$ for both; for `simple_gla` it picks
-#   fused at $T = 8192$, where states was 6 % faster.
+#   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
+#   at any $T$. Measured on an H200 (2026-11-21 15:53 UTC, commit `b1d9f6b`): for linear
+#   attention fused wins up to $T = 8192$ (0.282 ms, ahead of FLA) and states beyond; for
+#   per-dimension GLA states wins at every $T$ (1.79–1.81 against 2.07 ms up to 8k).
+#   `mode="auto"` (fused for linear attention and per-head gates while its grid has more programs
+#   than half the SMs, states for per-dimension gates) picked the faster mode at every $T$ for
+#   both; for `simple_gla` at $T = 8192$ its pick (fused, 0.494 ms) and states (0.489 ms) are
+#   about equal.
 # * Issue #5's targets (KDA's are in chapter 11): forward ≤ FLA at every $T$ — **not met**: linear
-#   attention and `simple_gla` are under FLA up to $T = 8192$ only (1.05–1.77× beyond), GLA is
-#   1.17–1.29× FLA at every $T$; GLA ≤ 2× the memory floor — **not met** (9.6–13.8×); GLA faster
-#   than causal SDPA from $T = 2048$ — **not met** (it overtakes between 8k and 16k): the paper's
-#   Figure 2, left, in shape, not yet at the speed we aimed for.
+#   attention is under FLA up to $T = 16384$ (0.67–0.98×) and over at 32768 (1.08×), `simple_gla`
+#   under up to 4096 only (0.74×; 1.19–1.71× beyond), GLA 1.13–1.22× FLA at every $T$; GLA ≤ 2× the
+#   memory floor — **not met** (9.5–13.8×); GLA faster than causal SDPA from $T = 2048$ — **not
+#   met** (ahead from 8192 on, narrowly at 8192): the paper's Figure 2, left, in shape, not yet
+#   at the speed we aimed for.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
-#   ($\propto T/C$): the paper's Figure 2, right. Measured for $C = 16\dots64$ in the older run
+#   ($\propto T/C$): the paper's Figure 2, right. Recorded for $C = 16\dots64$ in the older run
 #   (13:52 UTC, commit `7b209be`): inter falls as predicted, intra stays flat, $C = 64$ is
-#   fastest; $C = 128, 256$, and the sweep with the current kernels, are still to be measured.
+#   fastest. $C = 128$ and $256$ now run (row-blocked output, a state pass with the pipeline
+#   stages that fit) and the cell sweeps them live on a GPU; a recorded sweep with the current
+#   kernels is still to be made.
 #
 # The recorded numbers are in `book/data/bench.json` (H200, torch 2.11.0+cu130, triton 3.6.0,
-# FLA 0.6.0; anchors 2026-11-21 15:04 UTC at commit `30738f4`, the chunk sweep 13:52 UTC at
+# FLA 0.6.0; anchors 2026-11-21 15:53 UTC at commit `b1d9f6b`, the chunk sweep 13:52 UTC at
 # `7b209be`); notes on what was measured and how are in `docs/perf_notes.md`. There is no graded
 # workbook for this chapter yet; a good exercise is to write `_diagonal_tile` yourself and check
 # it against `linattn.chunk.gated.intra_chunk_matrix` restricted to the diagonal tiles.
