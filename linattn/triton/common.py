@@ -74,10 +74,6 @@ def num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-# The largest chunk the kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
-# at once, 128 KB at C = 256 in bf16 (one pipeline stage, see launch); C = 512 would not fit an
-# H200's 227 KB of shared memory.
-MAX_CHUNK = 256
 _STAGES_THAT_FIT: dict = {}
 
 

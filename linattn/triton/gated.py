@@ -48,7 +48,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
-from .common import MAX_CHUNK, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -63,6 +63,10 @@ FUSED_STAGES = 2
 # linear attention, 32×32 blocks (256 programs, 2 stages; the D1 engineer's run at ~14:35 UTC)
 # 0.52 ms: more programs did not pay for the narrower tiles.
 STATE_BLOCK = 64
+# The largest chunk these kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
+# at once, 128 KB at C = 256 in bf16 (one pipeline stage, see common.launch); C = 512 would not fit
+# an H200's 227 KB of shared memory. (The delta rules have their own, smaller limit: delta.py.)
+MAX_CHUNK = 256
 # Rows of a chunk one output step handles at once: chunks larger than this go in row blocks, so no
 # [C, C] tile is bigger than 64×64 (C = 256 in float32 would not fit an SM's registers).
 ROW_BLOCK = 64

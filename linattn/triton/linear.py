@@ -7,8 +7,7 @@ Per chunk of C tokens with S the state before it (chapter 09 builds this kernel 
 from __future__ import annotations
 
 from ..validate import check_chunk, check_inputs
-from .common import MAX_CHUNK
-from .gated import forward
+from .gated import MAX_CHUNK, forward
 
 
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
