@@ -28,11 +28,6 @@ import torch, triton, linattn
 print(linattn.device.describe())
 print("python", __import__("sys").version.split()[0], "· GPUs:", torch.cuda.device_count())
 PY
-# A Triton cache carried in .tcache/ (parts of a tar.gz brought back by an earlier call with TCACHE_OUT=1)
-# spares a fresh machine most of the compilation, which is most of a call's time.
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-mkdir -p "$TRITON_CACHE_DIR"
-ls .tcache/tcache.tgz.* >/dev/null 2>&1 && cat .tcache/tcache.tgz.* | tar -xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: unpacked $(ls "$TRITON_CACHE_DIR" | wc -l) entries"
 t0=$(date +%s)
 tests_rc=skipped bench_rc=skipped
 # -vv (-q comes from pyproject): one line per test as it ends, so a run cut by TESTS_TIMEOUT still names what failed and counts
@@ -62,11 +57,6 @@ timeout "${BENCH_TIMEOUT:-3600}" python3 tools/bench.py --out "$OUT" ${BENCH_ARG
 bench_rc=${PIPESTATUS[0]}
 fi
 t2=$(date +%s)
-if [ -n "${TCACHE_OUT:-}" ]; then  # parts under 16 MiB: the most one file brought back may hold
-  tar -czf /tmp/tcache.tgz -C "$TRITON_CACHE_DIR" . && ls -la /tmp/tcache.tgz
-  # at most 8 files come back: leave room for the logs and the report
-  [ "$(stat -c %s /tmp/tcache.tgz)" -le $((4 * 15 * 1048576)) ] && split -b 15m /tmp/tcache.tgz "$OUT/tcache.tgz."
-fi
 cp_rc=skipped
 if has cp && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] && [ -f tools/cp_nccl.py ]; then
   python3 tools/cp_nccl.py --backend nccl 2>&1 | tee "$OUT/cp_nccl.log" | tail -20
