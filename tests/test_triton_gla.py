@@ -13,9 +13,8 @@ DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # B, T, H, K, V, chunk_size, sub_chunk_size: T not a multiple of C nor c, K != V; bigger on a GPU.
 SHAPE = device.pick(cpu=(1, 83, 2, 32, 48, 32, 16), gpu=(2, 500, 3, 128, 96, 64, 16))
-CHUNKINGS = device.pick(  # (T, C, c): one sub-chunk per chunk, many sub-chunks, C = c = 16,
-    # C = 128 (output in row blocks of 64)
-    cpu=[(45, 16, 16), (70, 64, 16), (40, 32, 32), (150, 128, 32)],
+CHUNKINGS = device.pick(  # (T, C, c): one sub-chunk per chunk, many sub-chunks, C = c = 16
+    cpu=[(45, 16, 16), (70, 64, 16), (40, 32, 32)],
     gpu=[(300, 16, 16), (700, 128, 16), (300, 64, 32), (600, 256, 64)],
 )
 WIDE = device.pick(cpu=(1, 40, 1, 64, 80, 32, 16), gpu=(1, 400, 2, 256, 256, 64, 16))
