@@ -110,15 +110,14 @@ def anchor_inputs(op: str, T: int, *, tokens=32768, H=16, K=128, V=128, dtype=to
 
 
 def library_call(op: str, level: str, args: dict, **kw):
-    """A no-argument callable running linattn.<level>.<op> on `args` (value checks off)."""
+    """A no-argument callable running linattn.<level>.<op> on `args`: the default call, exactly
+    what a user runs (value checks as the library decides them: off for GPU tensors)."""
     from .dispatch import level_fn
-    from .validate import value_checks
 
     fn = level_fn(OPS[op][0], level)
 
     def call():
-        with value_checks(False):
-            return fn(**args, **kw)
+        return fn(**args, **kw)
     return call
 
 

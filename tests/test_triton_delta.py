@@ -10,7 +10,7 @@ import torch
 from linattn import device, naive, testing
 from linattn.chunk import delta as cdelta
 from linattn.triton import delta as tri
-from linattn.validate import InputError, check_inputs
+from linattn.validate import InputError, check_inputs, value_checks
 
 DEV = device.default_device()
 GPU = DEV == "cuda"
@@ -169,13 +169,13 @@ def _args(**kw):
 def test_bad_inputs(bad, word):
     a = _args()
     a.update({n: (x.to(DEV) if isinstance(x, torch.Tensor) else x) for n, x in bad.items()})
-    with pytest.raises(InputError, match=word):
+    with value_checks(True), pytest.raises(InputError, match=word):   # opt-in on a GPU
         tri.kda(**a)
 
 
 def test_bad_keys_and_dtypes():
     a = _args()
-    with pytest.raises(InputError, match="k"):
+    with value_checks(True), pytest.raises(InputError, match="k"):
         tri.kda(**{**a, "k": a["k"] * 3})                  # β‖k‖² > 2: not normalised
     with pytest.raises(InputError, match="q"):
         tri.kda(**{n: x.double() if n in "qkv" else x for n, x in a.items()})

@@ -7,7 +7,7 @@ from linattn import device, naive, testing
 from linattn import triton as lt
 from linattn.chunk import gated as cgated
 from linattn.triton import gated
-from linattn.validate import InputError, check_inputs
+from linattn.validate import InputError, check_inputs, value_checks
 
 DEV = device.default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -161,8 +161,8 @@ def test_bad_arguments(bad, match):
 
 def test_bad_gates():
     args = inputs(1, 8, 1, 16, 16, init=False)
-    with pytest.raises(InputError, match="g must hold log-decays"):
-        lt.gla(**{**args, "g": -args["g"] + 0.1})
+    with value_checks(True), pytest.raises(InputError, match="g must hold log-decays"):
+        lt.gla(**{**args, "g": -args["g"] + 0.1})           # value checks are opt-in on a GPU
     with pytest.raises(InputError, match="g must have shape"):
         lt.gla(**{**args, "g": args["g"][..., :4]})
     with pytest.raises(InputError, match="q has dtype torch.float64"):

@@ -65,3 +65,23 @@ def test_beta_checks():
 def test_dispatcher_rejects_unknown_impl():
     with pytest.raises(InputError, match="impl must be one of"):
         linattn.linear_attn(**good(), impl="fast")
+
+
+def test_value_checks_by_device(monkeypatch):
+    # Default: on for CPU tensors (cheap, and where readers learn), off for GPU tensors (a pass over
+    # the input and a host sync per check); forced either way by value_checks() or the environment.
+    from linattn.validate import checking_values
+    cpu = torch.zeros(1)
+    meta = torch.zeros(1, device="meta")                  # stands in for a GPU tensor: not the CPU
+    assert checking_values(cpu) and not checking_values(meta)
+    with value_checks(True):
+        assert checking_values(meta)
+    with value_checks(False):
+        assert not checking_values(cpu)
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", "1")
+    assert checking_values(meta)
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", "0")
+    assert not checking_values(cpu)
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", "yes")
+    with pytest.raises(InputError, match="LINATTN_CHECK_VALUES"):
+        checking_values(cpu)

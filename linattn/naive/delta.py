@@ -12,7 +12,8 @@ Keys. The write is S ← (I − β kᵀk) S + β kᵀv; the transition I − β 
 along k and 1 elsewhere. It stays a contraction only while β‖k‖² ≤ 2, which is why the models
 L2-normalise their keys. `check_keys` rejects inputs that break that bound with an InputError
 naming `k` (the recurrence would grow geometrically); `linattn.validate.value_checks(False)`
-switches it off together with the other data-dependent checks.
+switches it off together with the other data-dependent checks (on GPU tensors they are off by
+default; `value_checks(True)` turns them on).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ KEY_SLACK = 2.0 ** -6
 
 def check_keys(k, beta):
     """Raise InputError (naming `k`) unless β_t ‖k_t‖² ≤ 2 for every token and head."""
-    if not validate._value_checks:  # benchmarks turn data-dependent checks off (a device sync)
+    if not validate.checking_values(k):  # a pass over k and β and a device sync: see value_checks
         return
     load = beta.double() * k.double().pow(2).sum(-1)                   # [B, T, H]
     worst = load.max().item()

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..naive.delta import check_keys
-from ..validate import InputError, check_chunk, check_inputs
+from ..validate import InputError, check_chunk, check_inputs, refuse_grad
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
 from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
@@ -72,6 +72,7 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
                chunk_size=64):
     """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t."""
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
+    refuse_grad("linattn.triton.delta_rule", q=q, k=k, v=v, beta=beta, initial_state=initial_state)
     check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
     check_keys(k, beta)
     return _forward(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size)
@@ -83,6 +84,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
+    refuse_grad("linattn.triton.kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
     check_keys(k, beta)
     return _forward(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size)

@@ -47,7 +47,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import outputs
-from ..validate import InputError, check_chunk, check_inputs
+from ..validate import InputError, check_chunk, check_inputs, refuse_grad
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 
 MODES = ("auto", "fused", "states")
@@ -492,6 +492,7 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
         sub_chunk_size=16, mode="auto"):
     """Gated linear attention forward; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc."""
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
+    refuse_grad("linattn.triton.gla", q=q, k=k, v=v, g=g, initial_state=initial_state)
     check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
     return forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
                    chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
