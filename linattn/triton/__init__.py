@@ -7,7 +7,7 @@ from .gated import gla
 
 __all__ = ["linear_attn", "gla"]
 
-try:  # written by the other Triton engineer; the package works without it
+try:  # the delta-rule kernels are optional: the package works without delta.py
     from .delta import delta_rule, kda  # noqa: F401
 except ImportError as exc:
     if getattr(exc, "name", None) != f"{__name__}.delta":

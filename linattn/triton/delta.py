@@ -32,11 +32,11 @@ from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, 
 from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
-# K tiles at least 32 wide (masked): with K = 16, bf16/fp16 KDA faulted natively on the H200
-# (illegal memory access, Triton 3.6) while float32 passed; the 16-wide tile is the one shape that
-# case alone had (a 16-row tl.trans(K)·Ṽ in the state pass). Padding costs nothing at K ≥ 32.
-# With the stage-1 kernels of wy.py, K = 16 in every dtype passed natively with this padding
-# (H200, triton 3.6); it was not tried without it.
+# K tiles at least 32 wide (masked): with 16-wide K tiles, bf16/fp16 KDA at K = 16 faulted natively
+# on an H200 (illegal memory access, Triton 3.6) while float32 passed; the 16-wide tile is the one
+# shape that case alone has (a 16-row tl.trans(K)·Ṽ in the state pass). With this padding K = 16
+# runs natively in every dtype; the kernels are not known to work without it. Padding costs
+# nothing at K ≥ 32.
 MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
@@ -61,10 +61,10 @@ def state_block(V, BH, sms=None):
     return 16
 
 
-# The largest chunk the delta-rule kernels take (FLA's fixed chunk is 64 too). Natively on the H200
-# (2026-11-21, 15:46 UTC run) DeltaNet at C = 128 in float32 and KDA at C = 256 in bf16, K = V = 128,
-# had not finished compiling after minutes: [C, C] and [C, K] tiles of that size unroll into far
-# more code than the register file holds.
+# The largest chunk the delta-rule kernels take (FLA's fixed chunk is 64 too). Natively on an H200
+# DeltaNet at C = 128 in float32 and KDA at C = 256 in bf16, K = V = 128, do not finish compiling
+# within minutes: [C, C] and [C, K] tiles of that size unroll into far more code than the register
+# file holds.
 MAX_CHUNK = 64
 
 

@@ -58,10 +58,10 @@ ran: dict = {}          # ran["mode"]: the mode the last call actually used ("au
 # Two pipeline stages for the fused chunk loop: three (Triton's default) needed 254 KB of shared
 # memory for bf16 tiles at K = V = 128, C = 64 on an H200, over its 227 KB.
 FUSED_STAGES = 2
-# Width of the state pass's K and V blocks. Measured on H200s, 2026-11-21, bf16, K = V = 128: at
-# T = 32768 (B·H = 16) 64×64 blocks (64 programs, 3 stages; tools/profile_ops.py) took 0.29 ms for
-# linear attention, 32×32 blocks (256 programs, 2 stages; the D1 engineer's run at ~14:35 UTC)
-# 0.52 ms: more programs did not pay for the narrower tiles.
+# Width of the state pass's K and V blocks. On an H200 (bf16, K = V = 128, T = 32768, B·H = 16)
+# the linear-attention state pass took 0.29 ms with 64×64 blocks (64 programs, 3 stages) and
+# 0.52 ms with 32×32 blocks (256 programs, 2 stages): more programs do not pay for the narrower
+# tiles (likely because each program then moves more bytes per multiply).
 STATE_BLOCK = 64
 # The largest chunk these kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
 # at once, 128 KB at C = 256 in bf16 (one pipeline stage, see common.launch); C = 512 would not fit
@@ -362,9 +362,9 @@ def blocks(K: int, V: int):
 
 def output_blocks(K: int, V: int, gate: int, ieee: bool):
     """(BK, BV) of the states-mode output program. Without per-dimension gates, V up to 128 wide:
-    on an H200 at T = 32768 (linear attention, bf16, K = V = 128) the output kernel took about
-    0.226 ms with 128 columns (a states call minus its state pass, D1 run of ~14:35 UTC) against
-    0.259 ms with 64 (tools/profile_ops.py, earlier): q and k are loaded once per chunk, not twice.
+    on an H200 at T = 32768 (linear attention, bf16, K = V = 128) the output kernel takes about
+    0.226 ms with 128 columns (a states call minus its state pass) against 0.259 ms with 64
+    (tools/profile_ops.py): q and k are loaded once per chunk, not twice.
     The state tile stays ≤ 128×128 half-precision or 8192 float32 values (larger ones spilled
     registers when compiled for sm_90, and float32 tiles of 128×128 took 20–30 s to compile)."""
     BK = block(K)
@@ -379,14 +379,14 @@ def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int) -> str:
     if mode != "auto":
         return mode
     if gate == DIM_GATE:
-        # Per-dimension gates, H200 bench of 2026-11-21 (docs/perf_notes.md, Lead): states 1.88 ms
-        # against fused 2.06 ms for T ≤ 8192, and fused slower still beyond.
+        # Per-dimension gates on an H200 (docs/perf_notes.md): states 1.88 ms against fused
+        # 2.06 ms for T ≤ 8192, and fused slower still beyond.
         return "states"
-    # Linear attention (same bench, and the D1 engineer's run at ~14:35 UTC): fused 0.27–0.29 ms
-    # up to T = 8192 (128 programs on 132 SMs) against states 0.41 ms there; states ahead from
-    # T = 16384 (64 programs: 0.45 against 0.53 ms). Per-head gates, same D1 run at T = 1024:
-    # fused 0.32 ms, states 0.47 ms (T ≥ 2048 not measured with these kernels: the same rule is
-    # assumed). So fused while its grid has more programs than half the SMs.
+    # Linear attention on an H200 (bf16, K = V = 128): fused 0.27–0.29 ms up to T = 8192
+    # (128 programs on 132 SMs) against states 0.41 ms there; states ahead from T = 16384
+    # (64 programs: 0.45 against 0.53 ms). Per-head gates at T = 1024: fused 0.32 ms, states
+    # 0.47 ms (longer T not measured for this case: the same rule is assumed). So fused while its
+    # grid has more programs than half the SMs: the state stays on chip and no SM sits idle.
     programs = B * H * triton.cdiv(V, blocks(K, V)[1])
     return "fused" if programs > num_sms() // 2 else "states"
 
@@ -395,10 +395,10 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     """Run the chunk kernels; g is None (linear attention), [B,T,H] or [B,T,H,K]. Inputs validated.
 
     Per-dimension gates run three kernels before the output: cumulated gates b, the intra-chunk
-    matrix A, the states. A version that summed the gates inside each kernel and built A on chip
-    in the output kernel (commits 68d9679, 8bef470) measured 3.24 ms on an H200 (T = 1024, bf16,
-    K = V = 128, the D1 engineer's run at ~14:35 UTC) against 1.88 ms for this pipeline in the
-    lead's bench (docs/perf_notes.md), so it was not kept.
+    matrix A, the states. Summing the gates inside each kernel and building A on chip in the
+    output kernel instead is slower: 3.24 ms on an H200 (T = 1024, bf16, K = V = 128) against
+    1.88 ms for this pipeline (docs/perf_notes.md; its state pass alone took 0.69 ms there), so
+    the work stays split into separate kernels.
     """
     check_kernel_inputs(q)
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
