@@ -16,51 +16,98 @@ Q̃ S, K̃ᵀ V); products are accumulated in float32, as tensor cores do. None 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .. import decay, outputs
 from ..naive.linear import initial
-from ..validate import FLOAT_DTYPES, InputError, check_chunk, check_inputs
+from ..validate import FLOAT_DTYPES, Dims, InputError, check_chunk, check_inputs
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-        sub_chunk_size=16, inter_dtype=None):
+        sub_chunk_size=16, inter_dtype=None, recompute=True):
+    """Chunkwise GLA; same results as `linattn.naive.gla`.
+
+    With grad enabled and an input that requires it, the hand-written chunkwise backward of
+    `linattn.chunk.gla_backward` runs (recompute=True: it recomputes the chunk states, as the GLA
+    paper does; False: the forward keeps them, more memory and less work). Otherwise the plain
+    forward runs, with no autograd bookkeeping.
+    """
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)
     mm = _matmul_dtype(inter_dtype, q.dtype)
     # Every chunk size gives the same result, so a sequence shorter than one chunk is padded only
     # to whole sub-chunks (chunk_size=4096 on 10 tokens must not build 4096 × 4096 tiles).
     C = min(chunk_size, -(-d.T // sub_chunk_size) * sub_chunk_size)
+    plan = Plan(d, C, sub_chunk_size, mm, bool(recompute))
+    if needs_grad(q, k, v, g, initial_state):
+        o, S = ChunkwiseGated.apply(q, k, v, g, initial_state, plan)
+    else:
+        o, S, _ = forward(q, k, v, g, initial_state, plan)
+    return o, (S if output_final_state else None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call computes with: its sizes (validated), chunk and sub-chunk size, matmul dtype."""
+    d: Dims
+    C: int
+    c: int
+    mm: torch.dtype
+    recompute: bool = True
+
+
+def needs_grad(*tensors) -> bool:
+    """The hand-written backward is used only when autograd will call it."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in tensors)
+
+
+def forward(q, k, v, g, initial_state, plan):
+    """The chunkwise forward. g=None means no gate (linear attention). Returns the output in
+    v's dtype [B, T, H, V], the final state and the states entering each chunk [B, H, N, K, V]."""
+    d, C = plan.d, plan.C
     # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
     qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]
     kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
     vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
-    gc = decay.chunked(g.to(d.acc), C)                                # [B, H, N, C] or [.., C, K]
+    gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
 
-    P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=sub_chunk_size, inter_dtype=mm)  # [B,H,N,C,C]
-    o = _mm(P, vc, mm)                                                # [B, H, N, C, V] intra
+    if gc is None:
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
+    else:
+        P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=plan.c, inter_dtype=plan.mm)
+    o = _mm(P, vc, plan.mm)                                           # [B, H, N, C, V] intra
 
-    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, K or 1]
-    Sin, S = _state_pass(kc * decay.key_decay(gd), vc, decay.total_decay(gd),
-                         initial(initial_state, d, q.device), mm)     # [B, H, N, K, V], [B, H, K, V]
-    o = o + _mm(qc * decay.query_decay(gd), Sin, mm)                  # + inter: (Q ⊙ Λ) S_[n-1]
+    S0 = initial(initial_state, d, q.device)                          # [B, H, K, V]
+    if gc is None:
+        Sin, S = _state_pass(kc, vc, None, S0, plan.mm)               # [B, H, N, K, V], [B, H, K, V]
+        o = o + _mm(qc, Sin, plan.mm)                                 # + inter: Q S_[n-1]
+    else:
+        gd = decay.per_dim(gc, qc)                                    # [B, H, N, C, K or 1]
+        Sin, S = _state_pass(kc * decay.key_decay(gd), vc, decay.total_decay(gd), S0, plan.mm)
+        o = o + _mm(qc * decay.query_decay(gd), Sin, plan.mm)         # + inter: (Q ⊙ Λ) S_[n-1]
 
     out = outputs.empty((d.B, d.T, d.H, d.V), dtype=d.acc, device=q.device)
     out[:] = decay.unchunked(o, d.T)
-    return out.to(v.dtype), (S if output_final_state else None)
+    return out.to(v.dtype), S, Sin
 
 
 def _state_pass(k_abs, vc, gamma, S, mm):
     """The only sequential part: S_[n] = diag(γ_n) S_[n-1] + (K_[n] ⊙ Γ)ᵀ V_[n].
 
-    k_abs [B, H, N, C, K] keys with Γ absorbed; gamma [B, H, N, K or 1]. Returns the state entering
-    each chunk [B, H, N, K, V] and the state after the last chunk.
+    k_abs [B, H, N, C, K] keys with Γ absorbed; gamma [B, H, N, K or 1], or None (no decay). Returns
+    the state entering each chunk [B, H, N, K, V] and the state after the last chunk.
     """
     kv = _mm(k_abs.transpose(-1, -2), vc, mm)                         # [B, H, N, K, V], all chunks at once
     entering = []
     for n in range(kv.shape[2]):
         entering.append(S)
-        S = gamma[:, :, n, :, None] * S + kv[:, :, n]                 # diag(γ) S: decays row κ by γ_κ
+        if gamma is None:
+            S = S + kv[:, :, n]
+        else:
+            S = gamma[:, :, n, :, None] * S + kv[:, :, n]             # diag(γ) S: decays row κ by γ_κ
     return torch.stack(entering, dim=2), S
 
 
@@ -99,6 +146,11 @@ def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
     return P
 
 
+def _causal(C, like):
+    """The causal mask [C, C] (1 on and below the diagonal) in like's dtype."""
+    return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
+
+
 def _check_chunk_tensors(q, k, g):
     for name, x in (("q", q), ("k", k), ("g", g)):
         if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
@@ -129,3 +181,7 @@ def _mm(a, b, dtype):
     if dtype == a.dtype or a.dtype.itemsize <= dtype.itemsize:
         return a @ b
     return a.to(dtype).to(a.dtype) @ b.to(dtype).to(a.dtype)
+
+
+# The backward builds on the forward above (it recomputes the chunk states with it).
+from .gla_backward import ChunkwiseGated  # noqa: E402

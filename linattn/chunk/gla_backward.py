@@ -1,0 +1,175 @@
+"""The chunkwise backward of gated linear attention (GLA, scalar decay, plain linear attention).
+
+Inside chunk n (positions t = 1..C, b_t the log-gates summed from the chunk start, Λ, Γ, γ as in
+`linattn.decay`, Q̂ = scale · Q) the forward is
+    O = P V + (Q̂ ⊙ Λ) S_[n-1],   P_ij = Σ_κ q̂_iκ k_jκ exp(b_iκ − b_jκ) (i ≥ j),
+    S_[n] = diag(γ) S_[n-1] + (K ⊙ Γ)ᵀ V.
+Given dO and dS_[n] (the gradient reaching the state *after* chunk n), the backward is
+    dS_[n-1] = diag(γ) dS_[n] + (Q̂ ⊙ Λ)ᵀ dO                       reverse pass over chunk states
+    dP  = tril(dO Vᵀ)
+    dV  = Pᵀ dO + (K ⊙ Γ) dS_[n]
+    dQ̂_i = Σ_{j ≤ i} dP_ij k_j ⊙ exp(b_i − b_j) + Λ_i ⊙ (dO_i S_[n-1]ᵀ)
+    dK_j = Σ_{i ≥ j} dP_ij q̂_i ⊙ exp(b_i − b_j) + Γ_j ⊙ (V_j dS_[n]ᵀ)
+The reverse pass starts from the incoming gradient of the final state and ends at the gradient
+of the initial state. The intra-chunk sums use the forward's absorption and secondary chunking:
+tiles off the diagonal are matmuls whose decay is split at a sub-chunk boundary so that both
+exponents are ≤ 0, the c × c diagonal tiles hold exp(b_i − b_j) elementwise in float32 log space.
+
+Gate gradient, in closed form. Every quantity of chunk n depends on its gates only through b_t:
+q̂_t enters as q̂_t ⊙ e^{b_t}, k_t as k_t ⊙ e^{−b_t} and the state after the chunk carries
+e^{b_C}. Hence (sign convention: db_t = ∂L/∂b_t, dg_s = ∂L/∂g_s, g the log-decay ≤ 0)
+    db_t = q̂_t ⊙ dq̂_t − k_t ⊙ dk_t + [t = C] Σ_v (S_[n] ⊙ dS_[n])[:, v],
+    dg_s = Σ_{t ≥ s, t in the chunk} db_t                        a reverse cumulative sum,
+with dq̂, dk the full gradients above. The last term is the γ-decay of everything the state holds
+at the chunk's end, S_[n-1] (the initial state for n = 1) included; it is paired with the
+incoming state gradient dS_[n] (the final-state gradient for the last chunk). The suffix sum
+runs inside each chunk only, over C terms: the same sum taken over the whole sequence would add up
+T terms that largely cancel. Per-head gates: the per-dimension gradient summed over K.
+
+Precision: the backward computes in the accumulation dtype (float32, float64 for float64 inputs)
+without rounding matmul operands to `inter_dtype`; gradients are returned in each input's dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import decay, outputs
+from ..naive.linear import initial
+from .gated import _causal, _state_pass, forward, intra_chunk_matrix
+
+
+class ChunkwiseGated(torch.autograd.Function):
+    """(q, k, v, g or None, initial_state or None, plan) → (o, final state); chunkwise both ways."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, plan):
+        o, S, Sin = forward(q, k, v, g, initial_state, plan)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        kept = () if plan.recompute else (Sin, S)                    # recompute=False: keep the states
+        ctx.save_for_backward(q, k, v, g, initial_state, *kept)
+        return o, S
+
+    @staticmethod
+    def backward(ctx, do, dS_final):
+        q, k, v, g, initial_state, *kept = ctx.saved_tensors
+        return (*gradients(q, k, v, g, initial_state, do, dS_final, ctx.plan, kept), None)
+
+
+def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
+    """dq, dk, dv, dg, d initial_state (None where not needed) for the incoming do, dS_final."""
+    d, C = plan.d, plan.C
+    dev = q.device
+    qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]  Q̂
+    kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
+    vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
+    gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
+    doc = (decay.chunked(do.to(d.acc), C) if do is not None           # [B, H, N, C, V]
+           else torch.zeros_like(vc))
+    gd = None if gc is None else decay.per_dim(gc, qc)                # [B, H, N, C, K or 1]
+    one = torch.ones((), dtype=d.acc, device=dev)
+    lam = one if gd is None else decay.query_decay(gd)                # [B, H, N, C, K or 1] Λ
+    Gam = one if gd is None else decay.key_decay(gd)                  # [B, H, N, C, K or 1] Γ
+    gam = None if gd is None else decay.total_decay(gd)               # [B, H, N, K or 1]    γ
+
+    # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop).
+    if kept:
+        Sin, S_last = kept                                            # [B, H, N, K, V], [B, H, K, V]
+    else:
+        S0 = initial(initial_state, d, dev)
+        Sin, S_last = _state_pass(kc * Gam, vc, gam, S0, d.acc)
+
+    # Reverse pass over the chunk states: dS_out[n] is the gradient of the state after chunk n.
+    q_abs = qc * lam                                                  # [B, H, N, C, K]  Q̂ ⊙ Λ
+    from_out = q_abs.transpose(-1, -2) @ doc                          # [B, H, N, K, V]  (Q̂ ⊙ Λ)ᵀ dO
+    dS = (torch.zeros_like(S_last) if dS_final is None else dS_final.to(d.acc))  # [B, H, K, V]
+    dS_out = []
+    for n in reversed(range(qc.shape[2])):
+        dS_out.append(dS)
+        dS = (dS if gam is None else gam[:, :, n, :, None] * dS) + from_out[:, :, n]
+    dS_out = torch.stack(dS_out[::-1], dim=2)                         # [B, H, N, K, V]
+    dS0 = dS                                                          # [B, H, K, V]
+
+    # Intra-chunk tiles.
+    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc)               # [B, H, N, C, C]
+    if gc is None or gc.dim() == qc.dim() - 1:
+        # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
+        D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
+        P = (qc @ kc.transpose(-1, -2)) * D                           # [B, H, N, C, C]
+        dPD = dP * D                                                  # [B, H, N, C, C]
+        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each
+    else:
+        P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=plan.c, inter_dtype=d.acc)
+        dq_in = decayed_rows(dP, kc, gc, plan.c)                      # [B, H, N, C, K]
+        dk_in = decayed_cols(dP, qc, gc, plan.c)                      # [B, H, N, C, K]
+
+    dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
+    dqc = dq_in + lam * (doc @ Sin.transpose(-1, -2))                 # [B, H, N, C, K]  dQ̂
+    dkc = dk_in + Gam * (vc @ dS_out.transpose(-1, -2))               # [B, H, N, C, K]
+
+    grads = [_out(dqc * d.scale, q, d.T), _out(dkc, k, d.T), _out(dv, v, d.T), None, None]
+    if g is not None and g.requires_grad:
+        # db_t = q̂ ⊙ dq̂ − k ⊙ dk, plus the γ term at the chunk's last position; then dg = suffix sum.
+        S_after = torch.cat([Sin[:, :, 1:], S_last[:, :, None]], dim=2)  # [B, H, N, K, V]
+        db = qc * dqc - kc * dkc                                      # [B, H, N, C, K]
+        db[..., -1, :] += (S_after * dS_out).sum(-1)
+        dg = db.flip(-2).cumsum(-2).flip(-2)                          # [B, H, N, C, K]
+        if gc.dim() == qc.dim() - 1:
+            dg = dg.sum(-1)                                           # [B, H, N, C] per head
+        grads[3] = _out(dg, g, d.T)
+    if initial_state is not None and initial_state.requires_grad:
+        dS0_out = outputs.empty(tuple(initial_state.shape), dtype=initial_state.dtype, device=dev)
+        dS0_out[:] = dS0
+        grads[4] = dS0_out
+    return grads
+
+
+def decayed_rows(A, X, g, c):
+    """Y_i = Σ_{j ≤ i} A_ij X_j ⊙ exp(b_i − b_j) for one chunk: the dQ̂ tiles (A = dP, X = K).
+
+    A [..., C, C] (zero above the diagonal), X and g [..., C, K]; b the prefix sum of g. Sub-chunk
+    I of c rows starting at r: the tiles left of it are one matmul, with the decay split at r,
+    exp(b_i − b_j) = exp(b_i − b_{r-1}) · exp(b_{r-1} − b_j), both exponents ≤ 0.
+    """
+    C, n_sub = A.shape[-1], A.shape[-1] // c
+    Xs, gs = X.unflatten(-2, (n_sub, c)), g.unflatten(-2, (n_sub, c))  # [..., n_sub, c, K]
+    D = decay.pairwise_decay(gs).to(X.dtype)                          # [..., n_sub, c, c, K]
+    Y = torch.einsum("...ij,...jk,...ijk->...ik", _diagonal_tiles(A, c), Xs, D)  # [.., n_sub, c, K]
+    q_dec = decay.query_decay(gs).to(X.dtype)                         # [..., n_sub, c, K]
+    for i in range(1, n_sub):
+        r = i * c
+        X_abs = X[..., :r, :] * decay.key_decay(g[..., :r, :]).to(X.dtype)  # [..., r, K]
+        Y[..., i, :, :] += q_dec[..., i, :, :] * (A[..., r:r + c, :r] @ X_abs)
+    return Y.flatten(-3, -2)
+
+
+def decayed_cols(A, X, g, c):
+    """Z_j = Σ_{i ≥ j} A_ij X_i ⊙ exp(b_i − b_j) for one chunk: the dK tiles (A = dP, X = Q̂).
+
+    Sub-chunk J of c columns ending at e: the tiles below it are one matmul, with the decay split
+    at e, exp(b_i − b_j) = exp(b_i − b_e) · exp(b_e − b_j), both exponents ≤ 0.
+    """
+    C, n_sub = A.shape[-1], A.shape[-1] // c
+    Xs, gs = X.unflatten(-2, (n_sub, c)), g.unflatten(-2, (n_sub, c))  # [..., n_sub, c, K]
+    D = decay.pairwise_decay(gs).to(X.dtype)                          # [..., n_sub, c, c, K]
+    Z = torch.einsum("...ij,...ik,...ijk->...jk", _diagonal_tiles(A, c), Xs, D)  # [.., n_sub, c, K]
+    k_dec = decay.key_decay(gs).to(X.dtype)                           # [..., n_sub, c, K]
+    for J in range(n_sub - 1):
+        s, e = J * c, (J + 1) * c
+        X_abs = X[..., e:, :] * decay.query_decay(g[..., e:, :]).to(X.dtype)  # [..., C − e, K]
+        Z[..., J, :, :] += k_dec[..., J, :, :] * (A[..., e:, s:e].transpose(-1, -2) @ X_abs)
+    return Z.flatten(-3, -2)
+
+
+def _diagonal_tiles(A, c):
+    """[..., C, C] → the c × c tiles on its diagonal, [..., C/c, c, c]."""
+    n_sub = A.shape[-1] // c
+    tiles = A.unflatten(-1, (n_sub, c)).unflatten(-3, (n_sub, c))     # [..., n, c, n, c]
+    return tiles.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)           # [..., n, c, c]
+
+
+def _out(x, like, T):
+    """A chunked gradient [B, H, N, C, ...] → a new buffer shaped and typed like the input."""
+    out = outputs.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
+    out[:] = decay.unchunked(x, T)
+    return out
