@@ -1,0 +1,20 @@
+"""Layers built on the operations (chapter 14), with state carried for decoding (chapter 15).
+
+Every layer: `forward(x [B, T, d_model], state=None) -> (y [B, T, d_model], state)`.
+"""
+from .layers import (DeltaNet, GatedDeltaNet, GatedLinearAttention, KimiDeltaAttention,  # noqa: F401
+                     LinearAttention, RecurrentLayer)
+from .softmax import SoftmaxAttention  # noqa: F401
+from .state import LayerState  # noqa: F401
+
+LAYERS = {
+    "softmax": SoftmaxAttention,
+    "linear": LinearAttention,
+    "gla": GatedLinearAttention,
+    "deltanet": DeltaNet,
+    "gated_deltanet": GatedDeltaNet,
+    "kda": KimiDeltaAttention,
+}
+
+__all__ = ["LAYERS", "LayerState", "RecurrentLayer", "SoftmaxAttention", "LinearAttention",
+           "GatedLinearAttention", "DeltaNet", "GatedDeltaNet", "KimiDeltaAttention"]

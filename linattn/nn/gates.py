@@ -1,0 +1,37 @@
+"""Data-dependent forget gates, produced in log space.
+
+The GLA paper's gate (section 4.4): α_t = σ(x_t W₁ W₂ + b)^{1/τ}, a low-rank product (rank 16) so the
+gate costs O(d·16 + 16·d_k) parameters instead of O(d·d_k), and a temperature τ = 16 that keeps α
+near 1 (σ saturates fast; its 16th root decays slowly, so the state remembers long). The kernels
+take log-decays, and the paper applies τ in log space:
+
+    log α_t = logsigmoid(x_t W₁ W₂ + b) / τ   ≤ 0
+
+logsigmoid never rounds to log 0 = −inf the way log(sigmoid(·)) does for large negative inputs, and
+nothing is exponentiated here: the kernels exp only differences of cumulative sums.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+TAU = 16.0
+RANK = 16
+
+
+class LogGate(nn.Module):
+    """log α [B, T, H, K] (per key dimension, `per_dim=True`) or [B, T, H] (one per head)."""
+
+    def __init__(self, d_model: int, n_heads: int, head_k: int, *, per_dim=True, rank=RANK, tau=TAU):
+        super().__init__()
+        self.n_heads, self.tau = n_heads, tau
+        out = n_heads * head_k if per_dim else n_heads
+        self.per_dim = per_dim
+        # Low rank for the per-dimension gate (the paper's W₁W₂); a per-head gate is small already.
+        self.proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, out)) \
+            if per_dim else nn.Linear(d_model, out)
+
+    def forward(self, x):
+        z = self.proj(x)                                              # [B, T, H·K] or [B, T, H]
+        g = F.logsigmoid(z.float()) / self.tau                        # log α ≤ 0, float32 (kernels' rule)
+        return g.unflatten(-1, (self.n_heads, -1)) if self.per_dim else g
