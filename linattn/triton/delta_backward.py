@@ -1,0 +1,240 @@
+"""The backward of linattn.triton.delta_rule / kda: an autograd.Function over the three forward stages.
+
+Notation as in linattn/triton/delta.py: per chunk n with entering state S_n, Ṽ = U − W S_n,
+U = 𝒯 diag(β) V, W = 𝒯 B_k with B_k = diag(β) K ⊙ e^G, 𝒯 = (I + A)⁻¹, Qs = scale Q ⊙ e^G,
+Kd = K ⊙ e^{G_C − G}, dl = e^{G_C}, and
+
+    O = Qs S_n + Aqk Ṽ,        S_{n+1} = dl ⊙ S_n + Kdᵀ Ṽ.
+
+Backward, given dO and the gradient of the final state (0 unless output_final_state is used):
+
+1. Recompute (recompute=True, the default, as in the GLA paper) or reuse (recompute=False: the
+   forward keeps them) stage 1 (A, Aqk, 𝒯, W, U, Kd, dl, Qs) and stage 2 (S_n, Ṽ).
+2. `_dstate_kernel`, the one sequential pass, one program per (V-block, head), chunks in reverse:
+       dṼ = Aqkᵀ dO + Kd dS_{n+1},      dS_n = dl ⊙ dS_{n+1} + Qsᵀ dO − Wᵀ dṼ;
+   it stores dS_{n+1} and dṼ of every chunk, and dS_0 (the initial state's gradient).
+3. `_dchunk_kernel`, one program per (chunk, head), a loop over V-blocks: everything that sums
+   over value dims. dQs = dO S_nᵀ, dAqk = dO Ṽᵀ, dKd = Ṽ dS_{n+1}ᵀ, d(dl) = Σ_v S_n ⊙ dS_{n+1},
+   dW = −dṼ S_nᵀ, dU = dṼ; then the WY backward through 𝒯: for X = 𝒯 B, dB = 𝒯ᵀ dX and
+   d𝒯 = dX Bᵀ, so dA = −𝒯ᵀ d𝒯 𝒯ᵀ = −(𝒯ᵀ dX) Xᵀ on the strict lower triangle:
+       dB_v = 𝒯ᵀ dU → dv = β dB_v, dβ += Σ_v V ⊙ dB_v;   dB_k = 𝒯ᵀ dW;
+       dA = −(dB_v Uᵀ + dB_k Wᵀ).
+4. `linattn.triton.wy_backward`, one program per (K-block, chunk, head): the chain rule through
+   the decayed scores and gates, to dq, dk, dβ and dg (see there).
+
+Kernels: all four steps (the stage-1/2 recomputation is the forward's own kernels). The host only
+allocates, launches, adds the per-K-block partial sums of dβ (and of a per-head dg) and casts.
+Every exponent stays ≤ 0 as in the forward; tiles are float32 under the interpreter and IEEE
+float32 dots for float32 inputs natively; intermediates handed between the backward's kernels are
+float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from .common import block, contiguous
+from .delta import MIN_BK, _mm, output_stage, plan, state_stage  # noqa: F401
+from .wy import wy_stage
+from .wy_backward import gate_stage
+
+# V-blocks of the reverse state pass and of the per-chunk reductions
+TUNING = dict(bv_state=32, bv_chunk=32, warps_state=4, warps_chunk=4)
+
+
+def needs_backward(*xs) -> bool:
+    """The hand-written backward runs only when autograd will call it."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
+def apply(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
+    """(o, final state) through the autograd.Function; the final state exists only if asked for."""
+    o, ht = _DeltaFunction.apply(q, k, v, g, beta, initial_state, d, C, bool(output_final_state),
+                                 bool(recompute))
+    return o, (ht if output_final_state else None)
+
+
+class _DeltaFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0_in, d, C, output_final_state, recompute):
+        p = plan(q, g, d, C)
+        q, k, v, g, beta = contiguous(q, k, v, g, beta)
+        h0 = None if h0_in is None else h0_in.to(torch.float32).contiguous()
+        wy = wy_stage(q, k, v, g, beta, p)
+        hs, vnew, ht = state_stage(wy, h0, p, output_final_state)
+        o = output_stage(q, wy, hs, vnew, p, v.dtype)
+        ctx.p, ctx.recompute, ctx.has_h0 = p, recompute, h0 is not None
+        ctx.dtypes = (None if h0_in is None else h0_in.dtype,)
+        if recompute:
+            ctx.keep = None
+        else:
+            # what the backward reads of stages 1 and 2 (A is not needed once 𝒯 is known)
+            ctx.keep = dict(wy, hs=hs, vnew=vnew)
+            ctx.keep.pop("a")
+        ctx.save_for_backward(q, k, v, g, beta, h0)
+        if ht is None:
+            ht = torch.zeros((), dtype=torch.float32, device=q.device)  # a placeholder output
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        p = ctx.p
+        if ctx.keep is None:
+            wy = wy_stage(q, k, v, g, beta, p)
+            hs, vnew, _ = state_stage(wy, h0, p, False)
+        else:
+            wy, hs, vnew = ctx.keep, ctx.keep["hs"], ctx.keep["vnew"]
+        do = do.contiguous()
+        dht = dht.to(torch.float32).contiguous() if dht is not None and dht.dim() == 4 else None
+        dhs, dvnew, dh0 = dstate_stage(q, wy, do, dht, p)
+        grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
+        dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
+        dbeta = (db_v + db_k.sum(0)).to(beta.dtype)
+        dh0 = dh0.to(ctx.dtypes[0]) if ctx.has_h0 else None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
+
+
+# ---------------------------------------------------------------- host side of steps 2 and 3
+
+def dstate_stage(q, wy, do, dht, p):
+    """Step 2: dS entering the next chunk for every chunk [B,H,NT,K,V], dṼ [B,T,H,V] and dS_0
+    [B,H,K,V], all float32."""
+    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
+    dhs = outputs.empty((B, H, p.NT, K, V), dtype=torch.float32, device=p.device)
+    dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
+    dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
+    BV = min(block(V), TUNING["bv_state"])
+    _dstate_kernel[(triton.cdiv(V, BV), B * H)](
+        wy["qg"] if p.gate else q, wy["kd"], wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
+        dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
+        H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
+    return dhs, dvnew, dh0
+
+
+def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
+    """Step 3: dict of float32 gradients for step 4 (dqs, dkd, dbk [B,T,H,K]; da, daqk [B,T,H,C];
+    ddl [B,H,NT,K]), dv (v's dtype) and the β gradient through U, [B,T,H] float32."""
+    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
+    f32 = dict(dtype=torch.float32, device=p.device)
+    grads = {name: outputs.empty((B, T, H, K), **f32) for name in ("dqs", "dkd", "dbk")}
+    grads.update(da=outputs.empty((B, T, H, p.C), **f32), daqk=outputs.empty((B, T, H, p.C), **f32),
+                 ddl=outputs.empty((B, H, p.NT, K), **f32))
+    dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
+    db_v = outputs.empty((B, T, H), **f32)
+    BV = min(block(V), TUNING["bv_chunk"])
+    _dchunk_kernel[(p.NT, B * H)](
+        v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
+        grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
+        T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        num_warps=TUNING["warps_chunk"])
+    return grads, dv, db_v
+
+
+# ---------------------------------------------------------------- kernels
+
+@triton.jit
+def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                   HAS_DHT: tl.constexpr):
+    iv, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    dk = tl.arange(0, BK)
+    dv = iv * BV + tl.arange(0, BV)
+    ms = (dk[:, None] < K) & (dv[None, :] < V)
+    offs = dk[:, None] * V + dv[None, :]                                          # [BK, BV]
+    dS = tl.zeros((BK, BV), dtype=tl.float32)                                     # dS_{n+1}
+    if HAS_DHT:
+        dS = tl.load(dht + bh.to(tl.int64) * K * V + offs, mask=ms, other=0.0)
+    jc = tl.arange(0, C)
+    row = jc * H
+    for i in range(NT):
+        n = NT - 1 - i
+        # the gradient of the state leaving chunk n, for step 3
+        tl.store(dhs + (bh.to(tl.int64) * NT + n) * K * V + offs, dS, mask=ms)
+        tm = n * C + jc < T
+        r0 = (b * T + n * C).to(tl.int64) * H + h
+        mk = tm[:, None] & (dk[None, :] < K)
+        mv = tm[:, None] & (dv[None, :] < V)
+        offv = r0 * V + (row[:, None] * V + dv[None, :])                          # [C, BV]
+        offk = r0 * K + (row[:, None] * K + dk[None, :])                          # [C, BK]
+        dOt = tl.load(do + offv, mask=mv, other=0.0).to(tl.float32)               # [C, BV]
+        Aqk = tl.load(aqk + r0 * C + (row[:, None] * C + jc[None, :]), mask=tm[:, None],
+                      other=0.0).to(tl.float32)                                   # [C, C]
+        kt = tl.load(kd + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Kd
+        qt = tl.load(qs + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Qs
+        if GATE == 0:
+            qt = qt * scale
+        Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
+        dVt = _mm(tl.trans(Aqk), dOt, DT, IEEE) + _mm(kt, dS, DT, IEEE)         # [C, BV] dṼ
+        tl.store(dvnew + offv, dVt, mask=mv)
+        if GATE > 0:
+            dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
+        dS += _mm(tl.trans(qt), dOt, DT, IEEE) - _mm(tl.trans(Wt), dVt, DT, IEEE)  # [BK, BV] dS_n
+    tl.store(dh0 + bh.to(tl.int64) * K * V + offs, dS, mask=ms)
+
+
+@triton.jit
+def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
+                   dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
+                   IEEE: tl.constexpr):
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    jc = tl.arange(0, C)
+    tm = n * C + jc < T
+    r0 = (b * T + n * C).to(tl.int64) * H + h
+    row = jc * H
+    dk = tl.arange(0, BK)
+    mk = tm[:, None] & (dk[None, :] < K)
+    offk = r0 * K + (row[:, None] * K + dk[None, :])                              # [C, BK]
+    offc = r0 * C + (row[:, None] * C + jc[None, :])                              # [C, C]
+    Ti = tl.load(ai + offc, mask=tm[:, None], other=0.0)                          # [C, C] 𝒯, float32
+    bt = tl.load(beta + r0 + row, mask=tm, other=0.0).to(tl.float32)              # [C]
+    st = (bh.to(tl.int64) * NT + n) * K * V                                       # S_n, dS_{n+1}
+    dQs = tl.zeros((C, BK), dtype=tl.float32)
+    dKd = tl.zeros((C, BK), dtype=tl.float32)
+    dW = tl.zeros((C, BK), dtype=tl.float32)
+    dDl = tl.zeros((BK,), dtype=tl.float32)
+    dAqk = tl.zeros((C, C), dtype=tl.float32)
+    dA = tl.zeros((C, C), dtype=tl.float32)                                       # Σ_v dB_v Uᵀ so far
+    dbv = tl.zeros((C,), dtype=tl.float32)
+    for iv in range((V + BV - 1) // BV):
+        dv = iv * BV + tl.arange(0, BV)
+        mv = tm[:, None] & (dv[None, :] < V)
+        ms = (dk[:, None] < K) & (dv[None, :] < V)
+        offv = r0 * V + (row[:, None] * V + dv[None, :])                          # [C, BV]
+        offs = st + dk[:, None] * V + dv[None, :]                                 # [BK, BV]
+        dOt = tl.load(do + offv, mask=mv, other=0.0).to(tl.float32)
+        Vt = tl.load(vnew + offv, mask=mv, other=0.0).to(tl.float32)              # Ṽ
+        dVt = tl.load(dvnew + offv, mask=mv, other=0.0)                           # dṼ
+        Ut = tl.load(u + offv, mask=mv, other=0.0).to(tl.float32)
+        vt = tl.load(v + offv, mask=mv, other=0.0).to(tl.float32)
+        S = tl.load(hs + offs, mask=ms, other=0.0).to(tl.float32)                 # [BK, BV]
+        dS = tl.load(dhs + offs, mask=ms, other=0.0)
+        dQs += _mm(dOt, tl.trans(S), DT, IEEE)                                    # [C, BK]
+        dKd += _mm(Vt, tl.trans(dS), DT, IEEE)
+        dW -= _mm(dVt, tl.trans(S), DT, IEEE)
+        dDl += tl.sum(S * dS, axis=1)
+        dAqk += _mm(dOt, tl.trans(Vt), DT, IEEE)                                  # [C, C]
+        dBv = _mm(tl.trans(Ti), dVt, DT, IEEE)                                    # [C, BV] 𝒯ᵀ dU
+        tl.store(dv_out + offv, (dBv * bt[:, None]).to(dv_out.dtype.element_ty), mask=mv)
+        dbv += tl.sum(dBv * vt, axis=1)
+        dA += _mm(dBv, tl.trans(Ut), DT, IEEE)
+    dBk = _mm(tl.trans(Ti), dW, DT, IEEE)                                         # [C, BK] 𝒯ᵀ dW
+    Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)
+    dA = -(dA + _mm(dBk, tl.trans(Wt), DT, IEEE))
+    dA = tl.where(jc[:, None] > jc[None, :], dA, 0.0)
+    dAqk = tl.where(jc[:, None] >= jc[None, :], dAqk, 0.0)
+    tl.store(dqs + offk, dQs, mask=mk)
+    tl.store(dkd + offk, dKd, mask=mk)
+    tl.store(dbk + offk, dBk, mask=mk)
+    tl.store(da + offc, dA, mask=tm[:, None])
+    tl.store(daqk + offc, dAqk, mask=tm[:, None])
+    tl.store(db_v + r0 + row, dbv, mask=tm)
+    if GATE > 0:
+        tl.store(ddl + (bh.to(tl.int64) * NT + n) * K + dk, dDl, mask=dk < K)

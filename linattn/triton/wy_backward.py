@@ -1,0 +1,180 @@
+"""Backward of the delta rules' scores and gates: from dA, dAqk and the per-chunk gradients of the
+gated keys and queries to dq, dk, dβ and the log-gates' dg. Kernel of linattn/triton/delta_backward.py.
+
+Notation as in linattn/triton/wy.py: per chunk, G_i the log-decay summed from the chunk start (per
+key dimension d for KDA, one per head for Gated DeltaNet, 0 for DeltaNet), E_ijd = e^{G_id − G_jd}
+(i ≥ j), Ā_ij = Σ_d k_id k_jd E_ijd, A = diag(β) Ā (strict lower), Aqk = scale Σ_d q k E (j ≤ i).
+The caller hands over, per chunk, the gradients of
+
+    A (dA), Aqk (dAqk),  Qs = scale Q ⊙ e^G (dQs),  Kd = K ⊙ e^{G_C − G} (dKd),
+    B_k = diag(β) K ⊙ e^G (dB_k, through W = 𝒯 B_k),  e^{G_C} (ddl, per key dim),
+
+and this kernel applies the chain rule through the decays. Every term with a decay factor is of
+the form a_i ⊙ e^{G_i} or b_j ⊙ e^{−G_j}, so a log-gate's gradient is read off the gradients of
+the vectors it multiplies: dG_i += a_i ⊙ da_i, dG_j −= b_j ⊙ db_j. Then g_t, which enters every
+G_i with i ≥ t and the chunk total G_C, gets dg_t = Σ_{i ≥ t} dG_i + dG_C.
+
+The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a [C, C] matrix M:
+- no gate or one gate per head: E is a [C, C] matrix, so they are plain dots of M ⊙ E;
+- per-dimension gates: E has a third axis, and e^{G_i − G_j} split at a reference token has one
+  factor ≥ 1 (overflow with log-gates of −20 per token). The kernel walks the columns j = C−1 … 0
+  and keeps the column E_{·j} for all rows: from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, so
+  no exponent is ever positive and no prefix sums are subtracted (the forward's `_diag_columns`,
+  for the whole chunk). O(C² K) work on the FMA units per chunk, no tensor cores: correct for any
+  gates; a split-dot fast path like the forward's `_diag_dot` is what is left to speed it up.
+
+One program per (K-block, chunk, head): everything is independent across key dimensions except
+the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
+the host adds up.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from .common import dot
+
+# K-block of this kernel: the column walk keeps five [C, BK] float32 tiles live
+BK_GATES = 64
+TUNING = dict(warps=4)
+
+
+def gate_stage(q, k, g, beta, grads: dict, p):
+    """dq, dk (input dtypes), dg (g's dtype) and the partial dβ [NK, B, T, H] float32."""
+    B, T, H, K = p.B, p.T, p.H, p.K
+    BK = min(p.BK, BK_GATES)
+    NK = triton.cdiv(K, BK)
+    dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=p.device)
+    dk = outputs.empty((B, T, H, K), dtype=k.dtype, device=p.device)
+    db = outputs.empty((NK, B, T, H), dtype=torch.float32, device=p.device)
+    if p.gate == 2:
+        dg = outputs.empty((B, T, H, K), dtype=g.dtype, device=p.device)
+    elif p.gate == 1:
+        dg = outputs.empty((NK, B, T, H), dtype=torch.float32, device=p.device)  # summed below
+    else:
+        dg = db                                                                 # not written
+    _gate_kernel[(NK, p.NT, B * H)](
+        q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
+        grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
+        p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+        num_warps=TUNING["warps"])
+    if p.gate == 1:
+        dg = dg.sum(0).to(g.dtype)
+    return dq, dk, (dg if p.gate else None), db
+
+
+@triton.jit
+def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
+                 K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+                 DT: tl.constexpr, IEEE: tl.constexpr):
+    ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    jc = tl.arange(0, C)
+    t = n * C + jc
+    tm = t < T
+    r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
+    row = jc * H                                                                  # [C]
+    dk_ = ik * BK + tl.arange(0, BK)
+    mk = tm[:, None] & (dk_[None, :] < K)
+    offk = r0 * K + (row[:, None] * K + dk_[None, :])                             # [C, BK]
+    qt = tl.load(q + offk, mask=mk, other=0.0).to(tl.float32)
+    kt = tl.load(k + offk, mask=mk, other=0.0).to(tl.float32)
+    bt = tl.load(beta + r0 + row, mask=tm, other=0.0).to(tl.float32)              # [C]
+    dQs = tl.load(dqs + offk, mask=mk, other=0.0)                                 # [C, BK] float32
+    dKd = tl.load(dkd + offk, mask=mk, other=0.0)
+    dBk = tl.load(dbk + offk, mask=mk, other=0.0)
+    # the decays: e^G (≤ 1, from the chunk start), e^{G_C − G} summed from the chunk end over the
+    # gates shifted up one row (as the forward's _decay_part), and e^{G_C}
+    nxt = ((t + 1) < T) & (jc < C - 1)
+    if GATE == 2:
+        gt = tl.load(g + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
+        gsh = tl.load(g + offk + H * K, mask=nxt[:, None] & (dk_[None, :] < K), other=0.0).to(tl.float32)
+        eG = tl.exp(tl.cumsum(gt, axis=0))
+        tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))
+        GC = tl.sum(gt, axis=0)                                                   # [BK]
+    elif GATE == 1:
+        g1 = tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32)             # [C]
+        G1 = tl.cumsum(g1, axis=0)
+        eG = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(G1)[:, None]
+        gsh1 = tl.load(g + r0 + row + H, mask=nxt, other=0.0).to(tl.float32)
+        tail = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(tl.cumsum(gsh1, axis=0, reverse=True))[:, None]
+        GC = tl.zeros((BK,), dtype=tl.float32) + tl.sum(g1, axis=0)
+    else:
+        eG = tl.full((C, BK), 1.0, tl.float32)
+        tail = eG
+        GC = tl.zeros((BK,), dtype=tl.float32)
+    # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
+    # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
+    if GATE == 2:
+        Z, Zt, X, Y = _columns(kt, qt, bt, k + r0 * K, g + r0 * K, da + r0 * C, daqk + r0 * C,
+                               scale, n, T, H, K, C, BK, dk_)
+    else:
+        offc = r0 * C + row[:, None] * C + jc[None, :]                            # [C, C]
+        Mq = tl.load(daqk + offc, mask=tm[:, None], other=0.0)
+        Ma = tl.load(da + offc, mask=tm[:, None], other=0.0)
+        Mq = tl.where(jc[:, None] >= jc[None, :], Mq, 0.0) * scale
+        Ma = tl.where(jc[:, None] > jc[None, :], Ma, 0.0)
+        if GATE == 1:
+            E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # [C, C] ≤ 1
+            Mq, Ma = Mq * E, Ma * E
+        Z = dot(Mq.to(DT), kt.to(DT), IEEE)                                       # [C, BK]
+        Zt = dot(tl.trans(Mq).to(DT), qt.to(DT), IEEE)
+        X = dot(Ma.to(DT), kt.to(DT), IEEE)
+        Y = dot(tl.trans(Ma * bt[:, None]).to(DT), kt.to(DT), IEEE)
+    dqt = Z + scale * eG * dQs
+    dkt = Zt + bt[:, None] * X + Y + tail * dKd + bt[:, None] * eG * dBk
+    tl.store(dq + offk, dqt.to(dq.dtype.element_ty), mask=mk)
+    tl.store(dk + offk, dkt.to(dk.dtype.element_ty), mask=mk)
+    # β: from A = diag(β) Ā (row i: Σ_j dA_ij Ā_ij = Σ_d k_id X_id) and from B_k
+    dbt = tl.sum(kt * X + kt * eG * dBk, axis=1)                                  # [C]
+    part = ik.to(tl.int64) * BTH                                                  # this K-block's partial
+    tl.store(db + part + r0 + row, dbt, mask=tm)
+    if GATE > 0:
+        dG = (qt * Z - kt * Zt + bt[:, None] * kt * X - kt * Y - kt * tail * dKd
+              + bt[:, None] * kt * eG * dBk + scale * qt * eG * dQs)               # [C, BK]
+        mkk = dk_ < K
+        dl = tl.exp(GC)
+        dGC = tl.sum(kt * tail * dKd, axis=0) + dl * tl.load(
+            ddl + (bh.to(tl.int64) * NT + n) * K + dk_, mask=mkk, other=0.0)     # [BK]
+        dgt = tl.cumsum(dG, axis=0, reverse=True) + dGC[None, :]
+        if GATE == 2:
+            tl.store(dg + offk, dgt.to(dg.dtype.element_ty), mask=mk)
+        else:
+            dg1 = tl.sum(tl.where(mk, dgt, 0.0), axis=1)                          # [C]
+            tl.store(dg + part + r0 + row, dg1, mask=tm)
+
+
+@triton.jit
+def _columns(kt, qt, bt, k, g, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.constexpr,
+             BK: tl.constexpr, dk_):
+    """The score terms for per-dimension gates, column by column (j = C−1 … 0), keeping
+    E[i, d] = e^{G_id − G_jd} for rows i ≥ j (0 above): one exponential per key dim per column,
+    every exponent ≤ 0. k, g, da, daqk point at the chunk's row 0; column j of dA and dAqk is read
+    from memory, not pulled out of a register tile."""
+    jc = tl.arange(0, C)
+    mkk = dk_ < K
+    E = tl.zeros((C, BK), dtype=tl.float32)
+    Z = tl.zeros((C, BK), dtype=tl.float32)
+    Zt = tl.zeros((C, BK), dtype=tl.float32)
+    X = tl.zeros((C, BK), dtype=tl.float32)
+    Y = tl.zeros((C, BK), dtype=tl.float32)
+    for c in range(C):
+        j = C - 1 - c
+        tj = n * C + j
+        gn = tl.load(g + (j + 1) * H * K + dk_, mask=mkk & (tj + 1 < T) & (j + 1 < C),
+                     other=0.0).to(tl.float32)                                    # [BK] g_{j+1}
+        E = E * tl.exp(gn)[None, :]
+        E = tl.where(jc[:, None] == j, 1.0, E)
+        kj = tl.load(k + j * H * K + dk_, mask=mkk & (tj < T), other=0.0).to(tl.float32)  # [BK]
+        mq = tl.load(daqk + jc * H * C + j, mask=(jc >= j) & (n * C + jc < T), other=0.0) * scale
+        ma = tl.load(da + jc * H * C + j, mask=(jc > j) & (n * C + jc < T), other=0.0)  # [C]
+        Ek = E * kj[None, :]
+        Z += mq[:, None] * Ek
+        X += ma[:, None] * Ek
+        zt = tl.sum(mq[:, None] * E * qt, axis=0)                                  # [BK]
+        y = tl.sum((ma * bt)[:, None] * E * kt, axis=0)
+        Zt = tl.where(jc[:, None] == j, zt[None, :], Zt)
+        Y = tl.where(jc[:, None] == j, y[None, :], Y)
+    return Z, Zt, X, Y
