@@ -1,0 +1,549 @@
+"""The backward pass of gated linear attention (GLA) and linear attention in Triton.
+
+Forward, per chunk of C tokens starting at t0 (gated.py), with b the chunk-local cumulative
+log-gate, h the state before the chunk and scale s:
+    o_t    = s · ((q_t ⊙ e^{b_t}) h + Σ_{j ≤ t} A_tj v_j),   A_tj = Σ_k q_tk k_jk e^{b_tk − b_jk}
+    h_next = diag(e^{b_last}) h + Σ_j (k_j ⊙ e^{b_last − b_j})ᵀ v_j
+Given dO and the gradient of the final state, with D the gradient of the state *after* the chunk
+and dA_tj = s · dO_t · v_j (j ≤ t):
+    D_prev = diag(e^{b_last}) D + s · (Q ⊙ e^{b})ᵀ dO                      reverse pass (sequential)
+    dq_t   = s · (dO_t hᵀ) ⊙ e^{b_t}        + Σ_{j ≤ t} dA_tj k_j ⊙ e^{b_t − b_j}
+    dk_j   = (v_j Dᵀ) ⊙ e^{b_last − b_j}    + Σ_{t ≥ j} dA_tj q_t ⊙ e^{b_t − b_j}
+    dv_j   = (k_j ⊙ e^{b_last − b_j}) D     + s · Σ_{t ≥ j} A_tj dO_t
+Only the reverse pass walks the chunks in order; everything else is parallel over chunks.
+
+The gate gradient has a closed form. With the cumulative log-gate B_t from the sequence start,
+q and k enter only through q_t ⊙ e^{B_t} and k_t ⊙ e^{−B_t} (and the final state through e^{B_T}),
+so ∂L/∂B_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ Σ_v dS_T ⊙ S_T on the last token) and, since
+B_t = Σ_{u ≤ t} g_u, dg_u = Σ_{t ≥ u} ∂L/∂B_t: a reverse cumulative sum. Per-head gates sum it
+over k. The exponentials that are never formed (e^{B_t} of a long sequence) do not appear.
+
+The intra-chunk sums have the structure of A itself, so they use the forward's secondary
+chunking (sub-chunks of c tokens):
+- an off-diagonal tile splits e^{b_t − b_s} at a point r between the two sub-chunks into two
+  factors ≤ 1 and becomes one tensor-core matmul. For dq (query sub-chunk i, keys j < i) r is b
+  just before sub-chunk i; for dk (key sub-chunk i, queries i' > i) r is b at the last token of
+  sub-chunk i, so one reference serves all the tiles one program sums;
+- a diagonal tile is summed in float32 with the forward's column walk: E_s[t] = e^{b_t − b_s}
+  from E_{s+1}[t] · e^{g_{s+1}}, one exponential per key dimension per column.
+
+Kernels, in the order the backward runs them (`backward`):
+  chunk_states (gated.py)  h, the state before every chunk (recomputed unless kept)
+  _dstates_kernel          D for every chunk and dinitial_state: the reverse pass
+  _dA_kernel               dA = s · dO Vᵀ (lower triangle of every chunk), float32
+  _intra_grad_kernel       the intra-chunk parts of dq and dk (secondary chunking), float32
+  intra_attention (gated.py) A for per-dimension gates (recomputed unless kept)
+  _dv_kernel               dv
+  _dqk_kernel              dq, dk (state parts added), and ∂L/∂b for the gate gradient
+then dg = reverse cumulative sum of ∂L/∂B (torch).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import outputs
+from ..validate import InputError
+from .common import block, compute_dtype, contiguous, dot, launch
+from . import gated
+from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
+
+last_launch: dict = {}
+# Sub-chunks of the backward's intra kernel are at most this long: its tiles are [c, K] float32
+# and the gradient is the same for every sub-chunk size.
+MAX_SUB_CHUNK = 64
+
+
+@triton.jit
+def _load_b(b_base, rows, rmask, s_b, offs_k, kmask, GATE: tl.constexpr):
+    """Chunk-local cumulative gates of `rows`: [R, BK] per dimension, [R] per head, 0 past T."""
+    if GATE == 2:
+        return tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                       other=0.0)
+    return tl.load(b_base + rows * s_b, mask=rmask, other=0.0)
+
+
+@triton.jit
+def _load_b_last(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr, GATE: tl.constexpr):
+    """b at the last token of the chunk starting at t0: [BK] per dimension, a scalar per head."""
+    last = tl.minimum(t0 + C, T) - 1
+    if GATE == 2:
+        return tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)
+    return tl.load(b_base + last * s_b)
+
+
+@triton.jit
+def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
+                    HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr):
+    # One program per (K-block, V-block, batch·head) walks the chunks from last to first:
+    # dh[n] = D, the gradient of the state after chunk n; then D ← diag(e^{b_last}) D + s (Q ⊙ e^b)ᵀ dO.
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    q_base = q + i_b * T * H * K + i_h * K
+    do_base = do + i_b * T * H * V + i_h * V
+    if GATE == 2:
+        b_base = b + i_b * T * H * K + i_h * K
+        s_b = H * K
+    else:
+        b_base = b + i_b * T * H + i_h
+        s_b = H
+    offs_k = i_k * BK + tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    kmask, vmask = offs_k < K, offs_v < V
+    smask = kmask[:, None] & vmask[None, :]
+    s_offs = offs_k[:, None] * V + offs_v[None, :]
+    if HAS_DST:
+        D = tl.load(dsT + i_bh * K * V + s_offs, mask=smask, other=0.0).to(tl.float32)        # [BK, BV]
+    else:
+        D = tl.zeros([BK, BV], dtype=tl.float32)
+    for u in range(NT):
+        n = NT - 1 - u
+        tl.store(dh + (i_bh * NT + n) * K * V + s_offs, D.to(dh.dtype.element_ty), mask=smask)
+        rows = n * C + tl.arange(0, C)
+        rmask = rows < T
+        q_n = tl.load(q_base + rows[:, None] * H * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                      other=0.0).to(tl.float32)                                                # [C, BK]
+        do_n = tl.load(do_base + rows[:, None] * H * V + offs_v[None, :], mask=rmask[:, None] & vmask[None, :],
+                       other=0.0).to(COMPUTE)                                                  # [C, BV]
+        if GATE != 0:
+            b_n = _load_b(b_base, rows, rmask, s_b, offs_k, kmask, GATE)                       # [C, BK] or [C]
+            b_last = _load_b_last(b_base, n * C, T, s_b, offs_k, kmask, C, GATE)               # [BK] or scalar
+            if GATE == 2:
+                q_n = q_n * tl.exp(b_n)                        # queries decayed from the chunk start (≤ |q|)
+                D = D * tl.exp(b_last)[:, None]
+            else:
+                q_n = q_n * tl.exp(b_n)[:, None]
+                D = D * tl.exp(b_last)
+        D += scale * dot(tl.trans(q_n.to(COMPUTE)), do_n, IEEE)                                # [BK, BV]
+    if STORE_DS0:
+        tl.store(ds0 + i_bh * K * V + s_offs, D, mask=smask)
+
+
+@triton.jit
+def _dA_kernel(do, v, dA, T, H, V, scale, C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr,
+               COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    # One program per (row block of a chunk, batch·head): dA[t, j] = s · dO_t · v_j for j ≤ t in
+    # the chunk, 0 above the diagonal (written, so later kernels may multiply by it).
+    i_nr, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_n * C
+    do_base = do + i_b * T * H * V + i_h * V
+    v_base = v + i_b * T * H * V + i_h * V
+    a_base = dA + i_b * T * H * C + i_h * C
+    idx = tl.arange(0, BR)
+    rows = t0 + r0 + idx
+    rmask = rows < T
+    p_a = a_base + rows[:, None] * H * C
+    for c0 in range(0, r0 + BR, BR):                          # column blocks up to the diagonal
+        cols = t0 + c0 + idx
+        acc = tl.zeros([BR, BR], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            offs_v = v0 + tl.arange(0, BV)
+            vmask = offs_v < V
+            do_r = tl.load(do_base + rows[:, None] * H * V + offs_v[None, :], mask=rmask[:, None] & vmask[None, :],
+                           other=0.0).to(COMPUTE)                                              # [BR, BV]
+            v_c = tl.load(v_base + cols[:, None] * H * V + offs_v[None, :],
+                          mask=(cols < T)[:, None] & vmask[None, :], other=0.0).to(COMPUTE)   # [BR, BV]
+            acc += dot(do_r, tl.trans(v_c), IEEE)                                              # [BR, BR]
+        acc = tl.where(rows[:, None] >= cols[None, :], scale * acc, 0.0)
+        tl.store(p_a + (c0 + idx)[None, :], acc, mask=rmask[:, None])
+    for c0 in range(r0 + BR, C, BR):                          # above the diagonal: zeros
+        tl.store(p_a + (c0 + idx)[None, :], tl.zeros([BR, BR], dtype=tl.float32), mask=rmask[:, None])
+
+
+@triton.jit
+def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                       GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    # One program per (sub-chunk i, chunk n, batch·head): the intra-chunk parts
+    #   dq_t = Σ_{s ≤ t} dA_ts k_s ⊙ e^{b_t − b_s} for the rows t of sub-chunk i (tiles j ≤ i),
+    #   dk_s = Σ_{t ≥ s} dA_ts q_t ⊙ e^{b_t − b_s} for the rows s of sub-chunk i (tiles i' ≥ i).
+    i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_n * C
+    s0 = t0 + i_i * c
+    if s0 < T:
+        base = i_b * T * H * K + i_h * K                       # q, k, g (per dim), b (per dim): [B, T, H, K]
+        if GATE == 2:
+            b_base = b + base
+            s_b = H * K
+        else:
+            b_base = b + i_b * T * H + i_h
+            s_b = H
+        a_base = dA + i_b * T * H * C + i_h * C                 # dA: [B, T, H, C]
+        offs_k = tl.arange(0, BK)
+        kmask = offs_k < K
+        idx = tl.arange(0, c)
+        rows = s0 + idx
+        rmask = rows < T
+        m_i = rmask[:, None] & kmask[None, :]
+        p_i = rows[:, None] * H * K + offs_k[None, :]
+        q_i = tl.load(q + base + p_i, mask=m_i, other=0.0).to(tl.float32)                    # [c, BK]
+        k_i = tl.load(k + base + p_i, mask=m_i, other=0.0).to(tl.float32)                    # [c, BK]
+        b_i = _load_b(b_base, rows, rmask, s_b, offs_k, kmask, GATE)                          # [c, BK] or [c]
+        n_sub = tl.minimum(C // c, (T - t0 + c - 1) // c)       # sub-chunks of this chunk that hold tokens
+        dq = tl.zeros([c, BK], dtype=tl.float32)
+        dk = tl.zeros([c, BK], dtype=tl.float32)
+        # --- dq: key sub-chunks j < i (all their rows < T) ---
+        if GATE == 2:
+            # reference r: b just before sub-chunk i; b_t − r ≤ 0 and r − b_s ≤ 0
+            r = tl.load(b_base + (s0 - 1) * s_b + offs_k, mask=kmask & (i_i > 0), other=0.0)   # [BK]
+            for j in range(i_i):
+                p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]
+                k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
+                b_j = tl.load(b_base + p_j, mask=kmask[None, :], other=0.0)
+                k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                          # [c, BK], ≤ |k|
+                dA_ij = tl.load(a_base + rows[:, None] * H * C + (j * c + idx)[None, :], mask=rmask[:, None],
+                                other=0.0)                                                    # [c, c]
+                dq += dot(dA_ij.to(COMPUTE), k_hat, IEEE)
+            dq = dq * tl.exp(tl.minimum(b_i - r[None, :], 0.0))
+        else:
+            for j in range(i_i):
+                cols = t0 + j * c + idx
+                k_j = tl.load(k + base + cols[:, None] * H * K + offs_k[None, :], mask=kmask[None, :],
+                              other=0.0).to(COMPUTE)                                          # [c, BK]
+                dA_ij = tl.load(a_base + rows[:, None] * H * C + (j * c + idx)[None, :], mask=rmask[:, None],
+                                other=0.0)                                                    # [c, c]
+                if GATE == 1:
+                    b_j = tl.load(b_base + cols * s_b)
+                    dA_ij = dA_ij * tl.exp(tl.minimum(b_i[:, None] - b_j[None, :], 0.0))
+                dq += dot(dA_ij.to(COMPUTE), k_j, IEEE)
+        # --- dk: query sub-chunks i' > i (rows past T masked) ---
+        last = tl.minimum(s0 + c, T) - 1
+        if GATE == 2:
+            # reference r: b at the last token of sub-chunk i; b_t − r ≤ 0 and r − b_s ≤ 0
+            r = tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)                     # [BK]
+            for j in range(i_i + 1, n_sub):
+                rows_j = t0 + j * c + idx
+                m_j = (rows_j < T)[:, None] & kmask[None, :]
+                p_j = rows_j[:, None] * H * K + offs_k[None, :]
+                q_j = tl.load(q + base + p_j, mask=m_j, other=0.0).to(tl.float32)
+                b_j = tl.load(b_base + p_j, mask=m_j, other=0.0)
+                # the clamp keeps rows past T (b = 0 there, q = 0) from overflowing
+                q_hat = (q_j * tl.exp(tl.minimum(b_j - r[None, :], 0.0))).to(COMPUTE)          # [c, BK]
+                dA_ji = tl.load(a_base + rows_j[:, None] * H * C + (i_i * c + idx)[None, :],
+                                mask=(rows_j < T)[:, None], other=0.0)                         # [c, c]
+                dk += dot(tl.trans(dA_ji).to(COMPUTE), q_hat, IEEE)
+            dk = dk * tl.exp(tl.minimum(r[None, :] - b_i, 0.0))
+        else:
+            for j in range(i_i + 1, n_sub):
+                rows_j = t0 + j * c + idx
+                jmask = rows_j < T
+                q_j = tl.load(q + base + rows_j[:, None] * H * K + offs_k[None, :],
+                              mask=jmask[:, None] & kmask[None, :], other=0.0).to(COMPUTE)     # [c, BK]
+                dA_ji = tl.load(a_base + rows_j[:, None] * H * C + (i_i * c + idx)[None, :], mask=jmask[:, None],
+                                other=0.0)                                                    # [c, c]
+                if GATE == 1:
+                    b_j = tl.load(b_base + rows_j * s_b, mask=jmask, other=0.0)
+                    dA_ji = dA_ji * tl.exp(tl.minimum(b_j[:, None] - b_i[None, :], 0.0))
+                dk += dot(tl.trans(dA_ji).to(COMPUTE), q_j, IEEE)
+        # --- the diagonal tile, float32 ---
+        if GATE == 2:
+            # columns s from last to first with the decay tile E[t] = e^{b_t − b_s} (rows t < s: 0)
+            E = tl.zeros([c, BK], dtype=tl.float32)
+            for u in range(c):
+                s = c - 1 - u
+                p = (s0 + s) * H * K + offs_k
+                k_s = tl.load(k + base + p, mask=kmask & (s0 + s < T), other=0.0).to(tl.float32)      # [BK]
+                g_n = tl.load(g + base + p + H * K, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T), other=0.0)
+                E = tl.where(idx[:, None] == s, 1.0, E * tl.exp(g_n)[None, :])                        # E_s
+                a_s = tl.load(a_base + rows * H * C + i_i * c + s, mask=rmask, other=0.0)              # [c] dA[:, s]
+                dq += a_s[:, None] * k_s[None, :] * E
+                dk_s = tl.sum(a_s[:, None] * q_i * E, axis=0)                                          # [BK]
+                dk = tl.where(idx[:, None] == s, dk + dk_s[None, :], dk)
+        else:
+            dA_ii = tl.load(a_base + rows[:, None] * H * C + (i_i * c + idx)[None, :], mask=rmask[:, None],
+                            other=0.0)                                                                 # [c, c]
+            if GATE == 1:
+                dA_ii = dA_ii * tl.exp(tl.minimum(b_i[:, None] - b_i[None, :], 0.0))
+            dA_ii = tl.where(idx[:, None] >= idx[None, :], dA_ii, 0.0)
+            # without a per-dimension decay the diagonal tile is a masked matmul, as in the forward
+            dq += dot(dA_ii.to(COMPUTE), k_i.to(COMPUTE), IEEE)
+            dk += dot(tl.trans(dA_ii).to(COMPUTE), q_i.to(COMPUTE), IEEE)
+        tl.store(dqi + base + p_i, dq, mask=m_i)
+        tl.store(dki + base + p_i, dk, mask=m_i)
+
+
+@triton.jit
+def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+    # One program per (V-block, row block of a chunk, batch·head):
+    #   dv_j = (k_j ⊙ e^{b_last − b_j}) D + s · Σ_{t ≥ j} A_tj dO_t   for the BR keys j of the block.
+    i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_n * C
+    base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    if GATE == 2:
+        b_base = b + base
+        s_b = H * K
+    else:
+        b_base = b + i_b * T * H + i_h
+        s_b = H
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    kmask, vmask = offs_k < K, offs_v < V
+    idx = tl.arange(0, BR)
+    cols = t0 + r0 + idx                                        # the keys j of this program
+    cmask = cols < T
+    k_j = tl.load(k + base + cols[:, None] * H * K + offs_k[None, :], mask=cmask[:, None] & kmask[None, :],
+                  other=0.0).to(tl.float32)                                                    # [BR, BK]
+    D = tl.load(dh + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
+                mask=kmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)                   # [BK, BV]
+    k_dec = k_j
+    b_j = tl.zeros([BR], dtype=tl.float32)
+    if GATE != 0:
+        b_j = _load_b(b_base, cols, cmask, s_b, offs_k, kmask, GATE)                           # [BR, BK] or [BR]
+        b_last = _load_b_last(b_base, t0, T, s_b, offs_k, kmask, C, GATE)
+        if GATE == 2:
+            k_dec = k_j * tl.exp(tl.minimum(b_last[None, :] - b_j, 0.0))   # keys decayed to the chunk end
+        else:
+            k_dec = k_j * tl.exp(tl.minimum(b_last - b_j, 0.0))[:, None]
+    acc = dot(k_dec.to(COMPUTE), D, IEEE)                                                      # [BR, BV]
+    k_c = k_j.to(COMPUTE)
+    for c0 in range(r0, tl.minimum(C, T - t0), BR):           # query row blocks at and after the keys
+        rows = t0 + c0 + idx
+        rmask = rows < T
+        do_t = tl.load(do + v_base + rows[:, None] * H * V + offs_v[None, :], mask=rmask[:, None] & vmask[None, :],
+                       other=0.0).to(COMPUTE)                                                  # [BR, BV]
+        if GATE == 2:
+            # A from gated.intra_attention (secondary chunking); above the diagonal unwritten
+            A_tj = tl.load(A + i_b * T * H * C + i_h * C + rows[:, None] * H * C + (r0 + idx)[None, :],
+                           mask=rmask[:, None], other=0.0)                                     # [BR, BR]
+        else:
+            q_t = tl.load(q + base + rows[:, None] * H * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                          other=0.0).to(COMPUTE)                                               # [BR, BK]
+            A_tj = dot(q_t, tl.trans(k_c), IEEE)                                               # [BR, BR]
+            if GATE == 1:
+                b_t = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)
+                A_tj = A_tj * tl.exp(tl.minimum(b_t[:, None] - b_j[None, :], 0.0))
+        A_tj = tl.where(rows[:, None] >= cols[None, :], A_tj, 0.0)   # a select: unwritten entries never leak
+        acc += scale * dot(tl.trans(A_tj).to(COMPUTE), do_t, IEEE)
+    tl.store(dv + v_base + cols[:, None] * H * V + offs_v[None, :], acc.to(dv.dtype.element_ty),
+             mask=cmask[:, None] & vmask[None, :])
+
+
+@triton.jit
+def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, T, H, K, V, NT, scale, C: tl.constexpr,
+                BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
+                IEEE: tl.constexpr):
+    # One program per (row block of a chunk, batch·head), all of K: the state parts
+    #   dq_t += s · (dO_t hᵀ) ⊙ e^{b_t},   dk_t += (v_t Dᵀ) ⊙ e^{b_last − b_t}
+    # added to the intra parts; writes dq, dk and, for gates, ∂L/∂b = q ⊙ dq − k ⊙ dk.
+    i_nr, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_n * C
+    base = i_b * T * H * K + i_h * K
+    v_base = i_b * T * H * V + i_h * V
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    rows = t0 + r0 + tl.arange(0, BR)
+    rmask = rows < T
+    dq_s = tl.zeros([BR, BK], dtype=tl.float32)
+    dk_s = tl.zeros([BR, BK], dtype=tl.float32)
+    s_base = (i_bh * NT + i_n) * K * V
+    for v0 in range(0, V, BV):
+        offs_v = v0 + tl.arange(0, BV)
+        vmask = offs_v < V
+        m_rv = rmask[:, None] & vmask[None, :]
+        m_kv = kmask[:, None] & vmask[None, :]
+        do_t = tl.load(do + v_base + rows[:, None] * H * V + offs_v[None, :], mask=m_rv, other=0.0).to(COMPUTE)
+        v_t = tl.load(v + v_base + rows[:, None] * H * V + offs_v[None, :], mask=m_rv, other=0.0).to(COMPUTE)
+        h_n = tl.load(h + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0).to(COMPUTE)
+        D = tl.load(dh + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0).to(COMPUTE)
+        dq_s += dot(do_t, tl.trans(h_n), IEEE)                                                 # [BR, BK]
+        dk_s += dot(v_t, tl.trans(D), IEEE)                                                    # [BR, BK]
+    m = rmask[:, None] & kmask[None, :]
+    p = base + rows[:, None] * H * K + offs_k[None, :]
+    dq_s = scale * dq_s
+    if GATE == 2:
+        last = tl.minimum(t0 + C, T) - 1
+        b_t = tl.load(b + p, mask=m, other=0.0)                                                # [BR, BK]
+        b_last = tl.load(b + base + last * H * K + offs_k, mask=kmask, other=0.0)             # [BK]
+        dq_s = dq_s * tl.exp(b_t)
+        dk_s = dk_s * tl.exp(tl.minimum(b_last[None, :] - b_t, 0.0))
+    elif GATE == 1:
+        last = tl.minimum(t0 + C, T) - 1
+        b_t = tl.load(b + i_b * T * H + rows * H + i_h, mask=rmask, other=0.0)                # [BR]
+        b_last = tl.load(b + i_b * T * H + last * H + i_h)
+        dq_s = dq_s * tl.exp(b_t)[:, None]
+        dk_s = dk_s * tl.exp(tl.minimum(b_last - b_t, 0.0))[:, None]
+    dq_t = dq_s + tl.load(dqi + p, mask=m, other=0.0)
+    dk_t = dk_s + tl.load(dki + p, mask=m, other=0.0)
+    tl.store(dq + p, dq_t.to(dq.dtype.element_ty), mask=m)
+    tl.store(dk + p, dk_t.to(dk.dtype.element_ty), mask=m)
+    if GATE != 0:
+        q_t = tl.load(q + p, mask=m, other=0.0).to(tl.float32)
+        k_t = tl.load(k + p, mask=m, other=0.0).to(tl.float32)
+        d_b = q_t * dq_t - k_t * dk_t                                                          # [BR, BK]
+        if GATE == 2:
+            tl.store(db + p, d_b, mask=m)
+        else:
+            tl.store(db + i_b * T * H + rows * H + i_h, tl.sum(d_b, axis=1), mask=rmask)
+
+
+def gate_kind(g) -> int:
+    return NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
+
+
+def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None):
+    """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
+
+    do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); sT: the final
+    state (needed for dg when dsT is given); h, A, b: the states, intra matrix and cumulated gates
+    kept by the forward (recomputed when None). dg is None without gates, ds0 None without s0.
+    """
+    gate = gate_kind(g)
+    B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
+    C = chunk_size
+    c = min(sub_chunk_size, chunk_size, MAX_SUB_CHUNK) if gate == DIM_GATE else min(C, ROW_BLOCK)
+    NT = triton.cdiv(T, C)
+    COMPUTE = compute_dtype(q.dtype)
+    IEEE = COMPUTE == tl.float32
+    dev = q.device
+    q, k, v, g, do = contiguous(q, k, v, g, do)
+    if do is None:
+        do = torch.zeros_like(v)
+    if gate != NO_GATE and b is None:
+        b = gated.local_cumsum(g, C)                                   # [B, T, H(, K)] float32
+    s0f = None if s0 is None else s0.to(torch.float32).contiguous()
+    if h is None:
+        # per-head gates are summed inside the state kernel; per-dimension ones read b
+        h, _ = gated.chunk_states(k, v, g, d, b=b if gate == DIM_GATE else None, s0=s0f, chunk_size=C)
+    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
+    bp = q if b is None else b                                          # an unused pointer without gates
+
+    # 1. reverse pass over the chunks: D for every chunk, dinitial_state
+    dh = torch.empty((B, H, NT, K, V), dtype=h.dtype, device=dev)       # every entry written
+    ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
+    dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
+    SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
+    last_launch["dstates"] = launch(
+        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, bp, dh,
+        dsT_ if dsT_ is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, d.scale,
+        BK=SK, BV=SV, HAS_DST=dsT_ is not None, STORE_DS0=ds0 is not None, num_warps=4, **common)
+
+    # 2. dA = s · dO Vᵀ, lower triangle of every chunk
+    BR = min(C, ROW_BLOCK)
+    dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
+    BVa = min(block(V), 64)
+    last_launch["dA"] = _dA_kernel[(NT * (C // BR), B * H)](do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa,
+                                                             COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+
+    # 3. intra-chunk parts of dq, dk
+    BK = block(K)
+    dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
+    dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
+    last_launch["intra"] = _intra_grad_kernel[(C // c, NT, B * H)](
+        q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
+        GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
+
+    # 4. dv
+    if gate == DIM_GATE and A is None:
+        A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
+    dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
+    BKv, BVv = gated.blocks(K, V)
+    last_launch["dv"] = _dv_kernel[(triton.cdiv(V, BVv), NT * (C // BR), B * H)](
+        q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
+        num_warps=4, **common)
+
+    # 5. dq, dk (state parts added) and ∂L/∂b
+    dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=dev)
+    dk = outputs.empty((B, T, H, K), dtype=k.dtype, device=dev)
+    db = None
+    if gate != NO_GATE:
+        db = torch.empty(g.shape, dtype=torch.float32, device=dev)     # every entry written
+    BVq = max(16, min(block(V), 8192 // BK, 64))
+    last_launch["dqk"] = _dqk_kernel[(NT * (C // BR), B * H)](
+        q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
+        BR=BR, BK=BK, BV=BVq, num_warps=4, **common)
+
+    # 6. dg: the final state's own decay on the last token, then a reverse cumulative sum over T
+    dg = None
+    if gate != NO_GATE:
+        if dsT is not None:
+            last = (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)   # [B, H, K]
+            db[:, T - 1] += last if gate == DIM_GATE else last.sum(-1)
+        dg = outputs.empty(g.shape, dtype=g.dtype, device=dev)
+        dg.copy_(db.flip(1).cumsum(1).flip(1))
+    if ds0 is not None:
+        ds0 = ds0.to(s0.dtype)
+    return dq, dk, dv, dg, ds0
+
+
+def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size):
+    """The states-mode forward that also returns what the backward needs: (o, sT, h, A, b)."""
+    gate = gate_kind(g)
+    C, c = chunk_size, min(sub_chunk_size, chunk_size)
+    q, k, v, g = contiguous(q, k, v, g)
+    B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
+    NT = triton.cdiv(T, C)
+    COMPUTE = compute_dtype(q.dtype)
+    IEEE = COMPUTE == tl.float32
+    s0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    b = None if gate == NO_GATE else gated.local_cumsum(g, C)
+    A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
+    sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
+    h, _ = gated.chunk_states(k, v, g, d, b=b if gate == DIM_GATE else None, s0=s0, sT=sT, chunk_size=C)
+    o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
+    BK, BV = gated.output_blocks(K, V, gate, IEEE)
+    BR = min(C, ROW_BLOCK)
+    gates = {NO_GATE: q, HEAD_GATE: g, DIM_GATE: b}[gate]
+    gated._output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
+        q, k, v, gates, A if A is not None else q, h, o, T, H, K, V, NT, d.scale, C=C, BR=BR, BK=BK, BV=BV,
+        GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+    gated.ran["mode"] = "states (kept for the backward)"
+    return o, sT, h, A, b
+
+
+class GatedAttention(torch.autograd.Function):
+    """o, final state = gated.forward(...), with the Triton backward of this module.
+
+    recompute=True keeps only the inputs (the states h and, for per-dimension gates, the intra
+    matrix A are computed again in the backward, as in the GLA paper); recompute=False keeps h
+    [B, H, NT, K, V], A [B, T, H, C] and the cumulated gates: more memory, two kernels fewer.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, d, output_final_state, chunk_size, sub_chunk_size, mode,
+                recompute):
+        ctx.set_materialize_grads(False)
+        if recompute:
+            o, sT = gated.forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
+                                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
+            h = A = b = None
+        else:
+            o, sT, h, A, b = forward_keep(q, k, v, g, d, initial_state=initial_state,
+                                          output_final_state=output_final_state, chunk_size=chunk_size,
+                                          sub_chunk_size=sub_chunk_size)
+        ctx.save_for_backward(q, k, v, g, initial_state, sT, h, A, b)
+        ctx.cfg = (d, chunk_size, sub_chunk_size)
+        return o, sT
+
+    @staticmethod
+    def backward(ctx, do, dsT):
+        q, k, v, g, s0, sT, h, A, b = ctx.saved_tensors
+        d, C, c = ctx.cfg
+        dq, dk, dv, dg, ds0 = backward(do, dsT, q, k, v, g, s0, sT, d, chunk_size=C, sub_chunk_size=c,
+                                       h=h, A=A, b=b)
+        return dq, dk, dv, dg, ds0, None, None, None, None, None, None
+
+
+def needs_grad(*xs) -> bool:
+    """Whether the autograd path must run: grad mode on and some input requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
+def run(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, recompute):
+    """gated.forward, through GatedAttention when a gradient is needed (no overhead otherwise)."""
+    if not isinstance(recompute, bool):
+        raise InputError(f"recompute must be True or False, got {recompute!r}")
+    if not needs_grad(q, k, v, g, initial_state):
+        return gated.forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
+                             chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
+    return GatedAttention.apply(q, k, v, g, initial_state, d, output_final_state, chunk_size, sub_chunk_size,
+                                mode, recompute)
