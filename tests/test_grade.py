@@ -140,3 +140,107 @@ def test_cli_grades_a_workbook(tmp_path, capsys):
     assert "PASS  ch01.recurrent" in out and "FAIL  ch01.parallel" in out
     assert "score: 1/2 exercises passed" in out
     assert cli([str(wb), "--solved"]) == 0
+
+
+def test_changing_an_input_in_place_is_named():
+    def sneaky(q, k, v, **kw):
+        out = naive.linear_attn(q, k, v, **kw)
+        k.mul_(2)  # the values returned are right, but the caller's k is not k any more
+        return out
+
+    r = verdict(sneaky)
+    assert not r.passed and "changed its input `k` in place" in r.message
+
+    def sneaky_state(q, k, v, *, initial_state=None, **kw):
+        out = naive.linear_attn(q, k, v, initial_state=initial_state, **kw)
+        if initial_state is not None:
+            initial_state.zero_()
+        return out
+
+    assert "changed its input `initial_state` in place" in verdict(sneaky_state).message
+
+
+def test_sys_exit_is_a_verdict():
+    import sys
+
+    def quitter(q, k, v, **kw):
+        sys.exit(3)
+
+    msg = verdict(quitter).message
+    assert "called sys.exit(3)" in msg and "sys.exit(3)" in msg and "in quitter" in msg
+
+
+def test_endless_loop_hits_the_time_limit():
+    def spin(q, k, v, **kw):
+        while True:
+            pass
+
+    r = check("ch01.recurrent", spin, seed=5, record=False, quiet=True, time_limit=0.3)
+    assert not r.passed and "did not finish within 0.3 s" in r.message and "in spin" in r.message
+    # the reader's `except Exception` cannot swallow the time limit
+    def stubborn(q, k, v, **kw):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:
+                pass
+
+    r = check("ch01.recurrent", stubborn, seed=5, record=False, quiet=True, time_limit=0.3)
+    assert "did not finish" in r.message
+
+
+def test_time_limit_outside_the_main_thread():
+    import threading
+
+    def spin(q, k, v, **kw):
+        while True:
+            pass
+
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault(
+        "r", check("ch01.recurrent", spin, seed=5, record=False, quiet=True, time_limit=0.3)))
+    t.start()
+    t.join(30)
+    assert "did not finish within 0.3 s" in box["r"].message
+
+
+def test_time_limit_from_the_environment(monkeypatch):
+    def slow(q, k, v, **kw):
+        import time
+        time.sleep(5)
+
+    monkeypatch.setenv("LINATTN_TIME_LIMIT", "0.2")
+    assert "did not finish within 0.2 s" in verdict(slow).message
+
+
+def test_triton_kernel_capture_round_trip(home):
+    """A passed launcher's @triton.jit kernel (and its grid lambda's names) is saved and runs."""
+    from linattn.grade import progress as prog
+    ns = {"__name__": "reader_nb"}
+    src = textwrap.dedent('''
+        import torch
+        import triton
+        import triton.language as tl
+        BLOCK = 16
+
+        @triton.jit
+        def double_kernel(x, y, n, B: tl.constexpr):
+            offs = tl.program_id(0) * B + tl.arange(0, B)
+            tl.store(y + offs, 2 * tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+        def double(x):
+            y = torch.empty_like(x)
+            double_kernel[lambda meta: (triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), B=BLOCK)
+            return y
+    ''')
+    path = home / "reader_nb.py"
+    path.write_text(src)
+    exec(compile(src, str(path), "exec"), ns)
+    saved = prog.capture_source(ns["double"])
+    assert "@triton.jit" in saved and "def double_kernel" in saved and "BLOCK = 16" in saved
+    (home / "saved.py").write_text(saved + "\nSOLUTION = double\n")
+    out = {"__name__": "saved"}
+    exec(compile(saved + "\nSOLUTION = double\n", str(home / "saved.py"), "exec"), out)
+    x = torch.randn(37)
+    assert torch.equal(out["SOLUTION"](x), 2 * x)

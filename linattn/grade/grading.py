@@ -1,10 +1,14 @@
 """Grading: run the reader's function on fresh random cases and say precisely what is wrong.
 
-`check` never raises because of the reader's code: an exception, a wrong shape, a NaN or a large
-error all become a verdict naming the case, the output, the worst position and the line.
+`check` never raises because of the reader's code: an exception, sys.exit(), a time-out, a load
+past the end of a tensor (Triton kernels under the interpreter, see bounds.py), an input changed
+in place, a wrong shape, a NaN or a large error all become a verdict naming the case, the output
+or argument, the worst position and the line. Only KeyboardInterrupt (the reader's own stop
+button) goes through.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -13,7 +17,7 @@ import torch
 
 from .. import outputs, testing
 from ..dispatch import accepted
-from . import catalog, progress
+from . import bounds, catalog, limits, progress
 from .exercise import Case, Exercise
 
 _collected: list | None = None  # the CLI collects results here instead of relying on printing
@@ -36,11 +40,13 @@ class Result:
         return self.passed
 
 
-def check(name, fn, *, seed=None, record=True, quiet=False) -> Result:
-    """Grade `fn` for exercise `name` (see `exercises()`); print the verdict and return a Result."""
+def check(name, fn, *, seed=None, record=True, quiet=False, time_limit=None) -> Result:
+    """Grade `fn` for exercise `name` (see `exercises()`); print the verdict and return a Result.
+
+    time_limit: seconds per case (default $LINATTN_TIME_LIMIT, else limits.DEFAULT_S; 0: none)."""
     ex = name if isinstance(name, Exercise) else catalog.get(name)
     seed = int.from_bytes(os.urandom(3), "little") if seed is None else seed
-    result = _grade(ex, fn, seed)
+    result = _grade(ex, fn, seed, limits.seconds(time_limit))
     if result.passed and record:
         progress.record(ex, fn)
     if not quiet:
@@ -50,7 +56,7 @@ def check(name, fn, *, seed=None, record=True, quiet=False) -> Result:
     return result
 
 
-def _grade(ex: Exercise, fn, seed: int) -> Result:
+def _grade(ex: Exercise, fn, seed: int, limit=None) -> Result:
     if not callable(fn):
         return Result(ex.name, False, f"❌ {ex.name}: expected a function, got {type(fn).__name__}", seed)
     worst = 0.0
@@ -58,7 +64,7 @@ def _grade(ex: Exercise, fn, seed: int) -> Result:
     for i, case in enumerate(cases, 1):
         where = f"case {i} of {len(cases)}" + (f" ({case.note})" if case.note else "")
         try:
-            problem, err = _grade_case(ex, fn, case)
+            problem, err = _grade_case(ex, fn, case, limit)
         except _ReaderError as e:
             return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}", seed, cases=i)
         if problem:
@@ -76,17 +82,17 @@ class _ReaderError(Exception):
     """The reader's function raised; the message says where."""
 
 
-def _grade_case(ex: Exercise, fn, case: Case):
+def _grade_case(ex: Exercise, fn, case: Case, limit=None):
     expect = _as_tuple(ex.reference(*case.args, **case.kwargs))
     truth_fn = ex.ground_truth
     truth = _as_tuple(truth_fn(*_to64(case.args), **accepted(truth_fn, testing.to_float64(case.kwargs))))
     args = tuple(_clone(a) for a in case.args)
     kwargs = {n: _clone(a) for n, a in case.kwargs.items()}
-    try:
-        with outputs.poisoned():
-            got = fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
-        raise _ReaderError(_describe_exception(e)) from None
+    got = _run_reader(fn, args, kwargs, limit)
+    changed = _changed_inputs(ex, fn, case, args, kwargs)
+    if changed:
+        return (f"your function changed its input {changed} in place; the caller's tensors must "
+                "stay as they were (work on a copy, or write into a new output)"), 0.0
     got = _as_tuple(got)
     if len(got) != len(expect):
         return (f"returned {len(got)} value(s), expected {len(expect)}"
@@ -101,6 +107,57 @@ def _grade_case(ex: Exercise, fn, case: Case):
             return problem + _diagnose(ex, case, got, truth, tol), err
         worst = max(worst, err)
     return None, worst
+
+
+def _run_reader(fn, args, kwargs, limit):
+    def call():
+        with outputs.poisoned(), bounds.checked():
+            return fn(*args, **kwargs)
+
+    try:
+        return limits.call(call, limit)
+    except KeyboardInterrupt:
+        raise  # the reader pressed stop: stop grading too
+    except limits.TimeLimitExceeded as e:
+        raise _ReaderError(f"your function did not finish within {limit:g} s (an endless loop? "
+                           f"a launch grid far too large?){_where(e)}; check(..., time_limit=s) "
+                           "or $LINATTN_TIME_LIMIT changes the limit") from None
+    except SystemExit as e:
+        raise _ReaderError(f"your function called sys.exit({'' if e.code is None else repr(e.code)})"
+                           f"{_where(e)}: return the result instead (exiting would end the "
+                           "notebook's kernel)") from None
+    except Exception as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
+        raise _ReaderError(_describe_exception(e)) from None
+
+
+def _changed_inputs(ex, fn, case, args, kwargs) -> str:
+    """The name of the first tensor argument the reader's call modified in place, or ''."""
+    names = _positional_names(ex, fn, len(args))
+    pairs = list(zip(names, args, case.args)) + [(n, kwargs[n], a) for n, a in case.kwargs.items()]
+    for name, after, before in pairs:
+        if isinstance(before, torch.Tensor) and not _identical(after, before):
+            return f"`{name}`"
+    return ""
+
+
+def _positional_names(ex, fn, n):
+    for f in (ex.reference, fn):
+        try:
+            params = [p.name for p in inspect.signature(f).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            continue
+        if len(params) >= n:
+            return params[:n]
+    return [f"argument {i + 1}" for i in range(n)]
+
+
+def _identical(after, before) -> bool:
+    if not isinstance(after, torch.Tensor) or after.shape != before.shape:
+        return False
+    same = (after == before) | (after.isnan() & before.isnan()) if after.is_floating_point() \
+        else after == before
+    return bool(same.all())
 
 
 def _diagnose(ex: Exercise, case: Case, got, truth, tol) -> str:
@@ -150,16 +207,30 @@ def _compare(label, got, expect, truth, tol):
     return None, err
 
 
+_NOT_READER = (os.sep + os.path.join("linattn", "grade") + os.sep, os.sep + "triton" + os.sep,
+               os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep)
+
+
 def _describe_exception(e: Exception) -> str:
     if isinstance(e, NotImplementedError):
         return "not written yet — the stub still raises NotImplementedError"
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if os.sep + "linattn" + os.sep + "grade" + os.sep not in f.filename]
-    where = ""
-    if frames:
-        f = frames[-1]
-        where = f" at line {f.lineno} in {f.name}" + (f": `{f.line.strip()}`" if f.line else "")
-    return f"your function raised {type(e).__name__}: {e}{where}"
+    # Triton's interpreter wraps an error inside a kernel as InterpreterError(repr(error)); the
+    # original error, raised at the kernel's line, is its cause.
+    while type(e).__name__ == "InterpreterError" and e.__cause__ is not None:
+        e = e.__cause__
+    if isinstance(e, bounds.OutOfBounds):
+        return f"out-of-bounds access: {e}{_where(e)}"
+    return f"your function raised {type(e).__name__}: {e}{_where(e)}"
+
+
+def _where(e: BaseException) -> str:
+    """' at line N in f: `code`' for the innermost frame of the reader's code in e's traceback."""
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if not any(part in f.filename for part in _NOT_READER)]
+    if not mine:
+        return ""
+    f = mine[-1]
+    return f" at line {f.lineno} in {f.name}" + (f": `{f.line.strip()}`" if f.line else "")
 
 
 def _as_tuple(x):
