@@ -36,23 +36,40 @@ from ..validate import check_chunk, check_inputs
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=64):
-    """Chunkwise DeltaNet; same results as `linattn.naive.delta_rule`."""
+               chunk_size=64, recompute=True):
+    """Chunkwise DeltaNet; same results as `linattn.naive.delta_rule`.
+
+    recompute: for training, whether the backward recomputes the chunk states (True, less memory)
+    or the forward keeps them (False, [B, H, N, K, V] more memory, a faster backward).
+    """
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
-    f = factors(q, k, v, None, beta, d, chunk_size, delta=True)
-    return state_pass(f, d, initial(initial_state, d, q.device), output_final_state, v.dtype)
+    return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=64):
-    """Chunkwise KDA (g [B,T,H,K]) / Gated DeltaNet (g [B,T,H]); same results as `naive.kda`."""
+        chunk_size=64, recompute=True):
+    """Chunkwise KDA (g [B,T,H,K]) / Gated DeltaNet (g [B,T,H]); same results as `naive.kda`.
+
+    recompute: see `delta_rule`.
+    """
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
-    f = factors(q, k, v, g, beta, d, chunk_size, delta=True)
+    return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute)
+
+
+def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
+    """The plain forward, or, when a gradient is wanted, the same forward inside the
+    autograd.Function whose backward is the chunkwise one (linattn.chunk.delta_backward)."""
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (q, k, v, g, beta, initial_state)):
+        from .delta_backward import DeltaChunkFunction   # imports this module: no cycle at load
+        o, S = DeltaChunkFunction.apply(q, k, v, g, beta, initial_state, d, C, recompute)
+        return o, (S if output_final_state else None)
+    f = factors(q, k, v, g, beta, d, C, delta=True)
     return state_pass(f, d, initial(initial_state, d, q.device), output_final_state, v.dtype)
 
 
@@ -99,13 +116,16 @@ def unit_lower_inverse(A):
     """(I + A)⁻¹ for strictly lower-triangular A [.., C, C], by forward substitution.
 
     Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too,
-    so row i only needs the first i columns of the rows above it.
+    so row i only needs the first i columns of the rows above it. Out of place (rows are
+    collected, then stacked), so autograd can differentiate through it as well.
     """
     C = A.shape[-1]
-    X = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape).clone()
+    eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape)
+    rows = [eye[..., 0, :]]                                            # [.., C] each
     for i in range(1, C):
-        X[..., i, :i] = -(A[..., i:i + 1, :i] @ X[..., :i, :i]).squeeze(-2)
-    return X
+        above = torch.stack(rows, -2)                                  # [.., i, C]
+        rows.append(eye[..., i, :] - (A[..., i:i + 1, :i] @ above).squeeze(-2))
+    return torch.stack(rows, -2)
 
 
 # ---------------------------------------------------------------- the per-chunk factors
@@ -154,10 +174,31 @@ def wy_factors(k, v, g, beta):
 
 def state_pass(f: Factors, d, S, output_final_state, out_dtype):
     """Walk the chunks in order: residuals from the entering state, outputs, next state."""
-    B, H, N, C = f.Qg.shape[:4]
-    o = outputs.empty((B, H, N, C, d.V), dtype=d.acc, device=f.Qg.device)
-    for n in range(N):
-        Vt = f.U[:, :, n] if f.W is None else f.U[:, :, n] - f.W[:, :, n] @ S   # [B, H, C, V]
-        o[:, :, n] = d.scale * (f.Qg[:, :, n] @ S + f.Aqk[:, :, n] @ Vt)
-        S = f.last[:, :, n] * S + f.Kdec[:, :, n].transpose(-1, -2) @ Vt       # [B, H, K, V]
+    Sin, S = entering_states(f, S)                                     # [B, H, N, K, V]
+    o = outputs.empty(f.U.shape[:4] + (d.V,), dtype=d.acc, device=f.Qg.device)
+    o[:] = chunk_outputs(f, Sin, d.scale)
     return from_chunks(o, d.T).to(out_dtype), (S if output_final_state else None)
+
+
+def entering_states(f: Factors, S):
+    """The only sequential part: the state entering every chunk [B, H, N, K, V], and the last one.
+
+    Per chunk two small matmuls, Ṽ = U − W S and S' = e^{G_C} S + Kdecᵀ Ṽ; the outputs, which
+    need only the entering state, follow for all chunks at once (`chunk_outputs`).
+    """
+    entering = []
+    for n in range(f.U.shape[2]):
+        entering.append(S)
+        Vt = f.U[:, :, n] if f.W is None else f.U[:, :, n] - f.W[:, :, n] @ S   # [B, H, C, V]
+        S = f.last[:, :, n] * S + f.Kdec[:, :, n].transpose(-1, -2) @ Vt       # [B, H, K, V]
+    return torch.stack(entering, 2), S
+
+
+def residuals(f: Factors, Sin):
+    """Ṽ = U − W S of every chunk [B, H, N, C, V], from the entering states Sin [B, H, N, K, V]."""
+    return f.U if f.W is None else f.U - f.W @ Sin
+
+
+def chunk_outputs(f: Factors, Sin, scale):
+    """O = scale · (Qg S + Aqk Ṽ) of every chunk at once, [B, H, N, C, V]."""
+    return scale * (f.Qg @ Sin + f.Aqk @ residuals(f, Sin))

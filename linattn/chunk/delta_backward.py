@@ -1,0 +1,158 @@
+"""The chunkwise backward of the delta rule, Gated DeltaNet and KDA (forward: linattn.chunk.delta).
+
+Per chunk, with S the entering state, G the log-gates summed from the chunk start (per key
+dimension, or one per head), Λ = e^G, Γ = e^{G_C − G}, γ = e^{G_C} and the forward
+
+    A = diag(β) Akk,  Akk_ij = Σ_d k_id k_jd e^{G_id − G_jd} (i > j),   T = (I + A)⁻¹
+    U = T diag(β) V,  W = T diag(β) (K ⊙ Λ),  Ṽ = U − W S
+    O = scale (Qg S + Aqk Ṽ),  Qg = Q ⊙ Λ,    S' = γ S + Kdecᵀ Ṽ,  Kdec = K ⊙ Γ
+
+the backward takes dO and the gradient dS' of the state leaving the chunk (for the last chunk the
+incoming gradient of the final state, else zero), and runs in three parts.
+
+1. Reverse pass over the chunks: the only sequential part. With dO scaled by `scale`,
+       dṼ = Aqkᵀ dO + Kdec dS',        dS = Qgᵀ dO − Wᵀ dṼ + γ dS'
+   where S enters through the query term, through Ṽ = U − W S and through the decay γ S.
+   dS after the first chunk is the gradient of the initial state. The entering states S are
+   recomputed by a forward pass over the chunk states (recompute=True) or kept by the forward.
+2. Per chunk, all chunks at once: dQg = dO Sᵀ, dAqk = tril(dO Ṽᵀ), dKdec = Ṽ dS'ᵀ,
+   dγ = Σ_v dS' ⊙ S, dU = dṼ, dW = −dṼ Sᵀ.
+3. Through the WY/UT transform. For X = T Y with T = (I + A)⁻¹: dY = Tᵀ dX and, from
+   dT = −T dA T, dA = −Tᵀ dX Yᵀ Tᵀ = −(Tᵀ dX) Xᵀ, kept on the strict lower triangle where A lives.
+   So with dY_v = Tᵀ dU and dY_k = Tᵀ dW:  dA = −tril₋₁(dY_v Uᵀ + dY_k Wᵀ),  dv = β dY_v,
+   dβ_i = dY_v,i · v_i + dY_k,i · (k_i ⊙ Λ_i) + Σ_j dA_ij Akk_ij,  and dAkk = diag(β) dA.
+
+Scores and gates. Both score matrices have the form P_ij = Σ_d a_id b_jd e^{G_id − G_jd}; for a
+gradient M = dP, da_i = Σ_j M_ij b_j ⊙ e^{G_i − G_j} and db_j = Σ_i M_ij a_i ⊙ e^{G_i − G_j} — the
+same decayed products as the forward, so every exponential is again of a difference ≤ 0. The
+gate gradient never needs e^{−G} either: ∂P_ij/∂G_id = a_id (…) and ∂P_ij/∂G_jd = −b_jd (…) give
+dG = a ⊙ da − b ⊙ db, and every factor of the form x ⊙ e^{…} contributes x ⊙ e^{…} ⊙ dx.
+A term that depends on the prefix G_i (Λ_i, the scores) reaches the raw log-gates g_s with s ≤ i,
+so those are summed in reverse inside each chunk, dg_s = Σ_{i ≥ s} dG_i; Γ_i = e^{Σ_{s>i} g_s}
+reaches g_s with s > i (an exclusive prefix sum) and γ every gate of its chunk. Adding Γ's term as
++G_C − G_i instead would cancel: in float32 that leaves an error of O(ε) times the terms, large
+against the tiny gate gradients of strong decays. For the same reason the diagonal of Aqk, which
+carries no decay, is left out of dG. A per-head gate sums its gradient over K.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import decay, outputs
+from ..naive.linear import initial
+from . import delta
+
+
+class DeltaChunkFunction(torch.autograd.Function):
+    """(q, k, v, g or None, beta, initial_state or None, dims, C, recompute) → (o, final state)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, d, C, recompute):
+        f = delta.factors(q, k, v, g, beta, d, C, delta=True)
+        Sin, S = delta.entering_states(f, initial(initial_state, d, q.device))
+        o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=v.device)
+        o[:] = delta.from_chunks(delta.chunk_outputs(f, Sin, d.scale), d.T)
+        ctx.d, ctx.C, ctx.gated, ctx.has_init = d, C, g is not None, initial_state is not None
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, None if recompute else Sin)
+        return o, S
+
+    @staticmethod
+    def backward(ctx, do, dS_final):
+        q, k, v, g, beta, initial_state, Sin = ctx.saved_tensors
+        grads = chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, ctx.d, ctx.C)
+        dq, dk, dv, dg, dbeta, dS0 = (
+            None if x is None else _as_grad(x, ref)
+            for x, ref in zip(grads, (q, k, v, g, beta, initial_state)))
+        return dq, dk, dv, dg, dbeta, dS0, None, None, None
+
+
+def _as_grad(x, like):
+    """A gradient in its input's dtype, written into a buffer from outputs.empty."""
+    out = outputs.empty(like.shape, dtype=like.dtype, device=like.device)
+    out.copy_(x)
+    return out
+
+
+def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
+    """Gradients (dq, dk, dv, dg or None, dβ, dS₀ or None) in d.acc; see the module docstring."""
+    acc, dev = d.acc, q.device
+    qc, kc, vc = (delta.to_chunks(x.to(acc), C) for x in (q, k, v))   # [B, H, N, C, *]
+    bc = delta.to_chunks(beta.to(acc)[..., None], C)                  # [B, H, N, C, 1]
+    gc = delta.chunk_gates(g, d, C, dev)                              # [B, H, N, C, K|1]
+    Lam, Gam = decay.query_decay(gc), decay.key_decay(gc)             # [B, H, N, C, K|1]
+    gam = decay.total_decay(gc)[..., None]                            # [B, H, N, K|1, 1]
+    Qg, Kl, Kdec = qc * Lam, kc * Lam, kc * Gam                       # [B, H, N, C, K]
+    Akk = delta.decayed_scores(kc, kc, gc, strict=True)               # [B, H, N, C, C]
+    Aqk = delta.decayed_scores(qc, kc, gc, strict=False)              # [B, H, N, C, C]
+    Tm = delta.unit_lower_inverse(bc * Akk)                           # [B, H, N, C, C]
+    U, W = Tm @ (bc * vc), Tm @ (bc * Kl)                             # [.., C, V], [.., C, K]
+    f = delta.Factors(Qg, Kdec, gam.expand(*gam.shape[:3], d.K, 1), Aqk, U, W)
+    if Sin is None:                                                   # recompute=True
+        Sin = delta.entering_states(f, initial(initial_state, d, dev))[0]   # [B, H, N, K, V]
+    Vt = delta.residuals(f, Sin)                                      # [B, H, N, C, V]
+
+    # 1. reverse pass: dS' of every chunk and dṼ
+    dO = delta.to_chunks((do if do is not None else torch.zeros_like(v)).to(acc), C) * d.scale
+    X = Qg.transpose(-1, -2) @ dO                                     # [B, H, N, K, V]
+    Y = Aqk.transpose(-1, -2) @ dO                                    # [B, H, N, C, V]
+    dS = torch.zeros_like(Sin[:, :, 0]) if dS_final is None else dS_final.to(acc)
+    dSout, dVt = torch.empty_like(Sin), torch.empty_like(Vt)
+    for n in reversed(range(Sin.shape[2])):
+        dSout[:, :, n] = dS                                           # [B, H, K, V]
+        dVt[:, :, n] = Y[:, :, n] + Kdec[:, :, n] @ dS                # [B, H, C, V]
+        dS = X[:, :, n] - W[:, :, n].transpose(-1, -2) @ dVt[:, :, n] + gam[:, :, n] * dS
+
+    # 2. per-chunk factor gradients
+    St = Sin.transpose(-1, -2)                                        # [B, H, N, V, K]
+    dQg = dO @ St                                                     # [B, H, N, C, K]
+    dAqk = (dO @ Vt.transpose(-1, -2)).tril()                         # [B, H, N, C, C]
+    dKdec = Vt @ dSout.transpose(-1, -2)                              # [B, H, N, C, K]
+    dgam = (dSout * Sin).sum(-1)                                      # [B, H, N, K]
+    dW = -(dVt @ St)                                                  # [B, H, N, C, K]
+
+    # 3. through the WY/UT transform
+    Tt = Tm.transpose(-1, -2)
+    dYv, dYk = Tt @ dVt, Tt @ dW                                      # [.., C, V], [.., C, K]
+    dA = -(dYv @ U.transpose(-1, -2) + dYk @ W.transpose(-1, -2)).tril(-1)   # [.., C, C]
+    dv = bc * dYv
+    dbeta = (dYv * vc).sum(-1) + (dYk * Kl).sum(-1) + (dA * Akk).sum(-1)     # [B, H, N, C]
+    dKl = bc * dYk                                                    # [B, H, N, C, K]
+
+    # scores: Aqk(q, k) and Akk(k, k). The diagonal of Aqk carries no decay (e^0), so it stays out
+    # of the gate gradient: its two terms q⊙dq and −k⊙dk would cancel exactly in exact
+    # arithmetic, but in float32 they leave an O(ε) error against a gate gradient that strong
+    # decays make tiny.
+    dq_s, dk_s = decayed_scores_grad(dAqk.tril(-1), qc, kc, gc)
+    dk_a, dk_b = decayed_scores_grad(bc * dA, kc, kc, gc)
+    diag = dAqk.diagonal(0, -2, -1)[..., None]                        # [B, H, N, C, 1]
+    dq = dq_s + diag * kc + Lam * dQg
+    dk = dk_s + diag * qc + dk_a + dk_b + Lam * dKl + Gam * dKdec
+    # gate gradients: dG_i for the terms that depend on the prefix G_i (they reach g_s, s ≤ i) ...
+    dG = qc * dq_s - kc * dk_s + kc * (dk_a - dk_b) + Qg * dQg + Kl * dKl   # [B, H, N, C, K]
+    dgc = dG.flip(-2).cumsum(-2).flip(-2)                             # dg_s = Σ_{i ≥ s} dG_i
+    # ... Γ_i = e^{Σ_{s > i} g_s} reaches g_s for s > i only: an exclusive prefix sum (added
+    # directly rather than as +G_C −G_i, which would cancel) ...
+    KdK = (Kdec * dKdec).cumsum(-2)                                   # [B, H, N, C, K]
+    dgc[..., 1:, :] += KdK[..., :-1, :]
+    # ... and γ = e^{G_C} reaches every gate of the chunk
+    dgc = dgc + (gam[..., 0] * dgam)[..., None, :]                    # [B, H, N, C, K]
+    dg = None
+    if g is not None:
+        dg = delta.from_chunks(dgc if g.dim() == 4 else dgc.sum(-1, keepdim=True), d.T)
+        dg = dg if g.dim() == 4 else dg[..., 0]
+    return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
+            dg, delta.from_chunks(dbeta[..., None], d.T)[..., 0],
+            dS if initial_state is not None else None)
+
+
+def decayed_scores_grad(M, a, b, gc):
+    """(da, db) for P = decayed_scores(a, b, gc) and dP = M [.., C, C] (zero where P is 0).
+
+    da_i = Σ_j M_ij b_j ⊙ e^{G_i − G_j},  db_j = Σ_i M_ij a_i ⊙ e^{G_i − G_j}; only i ≥ j counts.
+    """
+    if gc.shape[-1] == 1:  # one decay per head: the C×C factor moves onto M
+        Md = M * decay.decay_mask(gc[..., 0])                         # [.., C, C]
+        return Md @ b, Md.transpose(-1, -2) @ a
+    E = decay.pairwise_decay(gc)                                      # [.., C, C, K], 0 above
+    return (torch.einsum("...ij,...ijk,...jk->...ik", M, E, b),
+            torch.einsum("...ij,...ijk,...ik->...jk", M, E, a))
