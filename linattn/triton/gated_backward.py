@@ -53,6 +53,9 @@ last_launch: dict = {}
 # Sub-chunks of the backward's intra kernel are at most this long: its tiles are [c, K] float32
 # and the gradient is the same for every sub-chunk size.
 MAX_SUB_CHUNK = 64
+# Width of the K- and V-blocks of the gradient kernels: their float32 accumulators are [64, 64] at
+# most, whatever K is (K = 256 in one block would be [64, 256] twice, far over the registers).
+GRAD_BLOCK = 64
 
 
 @triton.jit
@@ -157,10 +160,12 @@ def _dA_kernel(do, v, dA, T, H, V, scale, C: tl.constexpr, BR: tl.constexpr, BV:
 @triton.jit
 def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
                        GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
-    # One program per (sub-chunk i, chunk n, batch·head): the intra-chunk parts
+    # One program per (K-block, sub-chunk i of chunk n, batch·head): the intra-chunk parts
     #   dq_t = Σ_{s ≤ t} dA_ts k_s ⊙ e^{b_t − b_s} for the rows t of sub-chunk i (tiles j ≤ i),
     #   dk_s = Σ_{t ≥ s} dA_ts q_t ⊙ e^{b_t − b_s} for the rows s of sub-chunk i (tiles i' ≥ i).
-    i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    # Given dA, every key dimension is independent, so K is split into blocks.
+    i_kb, i_ni, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_n, i_i = i_ni // (C // c), i_ni % (C // c)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_n * C
     s0 = t0 + i_i * c
@@ -173,7 +178,7 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
             b_base = b + i_b * T * H + i_h
             s_b = H
         a_base = dA + i_b * T * H * C + i_h * C                 # dA: [B, T, H, C]
-        offs_k = tl.arange(0, BK)
+        offs_k = i_kb * BK + tl.arange(0, BK)
         kmask = offs_k < K
         idx = tl.arange(0, c)
         rows = s0 + idx
@@ -330,16 +335,17 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
 def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, T, H, K, V, NT, scale, C: tl.constexpr,
                 BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                 IEEE: tl.constexpr):
-    # One program per (row block of a chunk, batch·head), all of K: the state parts
+    # One program per (K-block, row block of a chunk, batch·head): the state parts
     #   dq_t += s · (dO_t hᵀ) ⊙ e^{b_t},   dk_t += (v_t Dᵀ) ⊙ e^{b_last − b_t}
-    # added to the intra parts; writes dq, dk and, for gates, ∂L/∂b = q ⊙ dq − k ⊙ dk.
-    i_nr, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    # added to the intra parts; writes dq, dk and, for gates, ∂L/∂b = q ⊙ dq − k ⊙ dk per key
+    # dimension (db [B, T, H, K]; per-head gates sum it over K afterwards).
+    i_kb, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_n * C
     base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
-    offs_k = tl.arange(0, BK)
+    offs_k = i_kb * BK + tl.arange(0, BK)
     kmask = offs_k < K
     rows = t0 + r0 + tl.arange(0, BR)
     rmask = rows < T
@@ -379,11 +385,7 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, T, H, K, V, NT, sca
     if GATE != 0:
         q_t = tl.load(q + p, mask=m, other=0.0).to(tl.float32)
         k_t = tl.load(k + p, mask=m, other=0.0).to(tl.float32)
-        d_b = q_t * dq_t - k_t * dk_t                                                          # [BR, BK]
-        if GATE == 2:
-            tl.store(db + p, d_b, mask=m)
-        else:
-            tl.store(db + i_b * T * H + rows * H + i_h, tl.sum(d_b, axis=1), mask=rmask)
+        tl.store(db + p, q_t * dq_t - k_t * dk_t, mask=m)                                     # [BR, BK]
 
 
 def gate_kind(g) -> int:
@@ -435,10 +437,10 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
                                                              COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
 
     # 3. intra-chunk parts of dq, dk
-    BK = block(K)
+    BK = min(block(K), GRAD_BLOCK)
     dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
-    last_launch["intra"] = _intra_grad_kernel[(C // c, NT, B * H)](
+    last_launch["intra"] = _intra_grad_kernel[(triton.cdiv(K, BK), NT * (C // c), B * H)](
         q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
         GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
 
@@ -456,9 +458,9 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dk = outputs.empty((B, T, H, K), dtype=k.dtype, device=dev)
     db = None
     if gate != NO_GATE:
-        db = torch.empty(g.shape, dtype=torch.float32, device=dev)     # every entry written
-    BVq = max(16, min(block(V), 8192 // BK, 64))
-    last_launch["dqk"] = _dqk_kernel[(NT * (C // BR), B * H)](
+        db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
+    BVq = min(block(V), GRAD_BLOCK)
+    last_launch["dqk"] = _dqk_kernel[(triton.cdiv(K, BK), NT * (C // BR), B * H)](
         q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
         BR=BR, BK=BK, BV=BVq, num_warps=4, **common)
 
@@ -466,8 +468,9 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dg = None
     if gate != NO_GATE:
         if dsT is not None:
-            last = (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)   # [B, H, K]
-            db[:, T - 1] += last if gate == DIM_GATE else last.sum(-1)
+            db[:, T - 1] += (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)   # [B, H, K]
+        if gate == HEAD_GATE:
+            db = db.sum(-1)                                             # one gate per head: [B, T, H]
         dg = outputs.empty(g.shape, dtype=g.dtype, device=dev)
         dg.copy_(db.flip(1).cumsum(1).flip(1))
     if ds0 is not None:
