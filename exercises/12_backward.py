@@ -1,0 +1,144 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# On Colab, install the book's library first (does nothing elsewhere).
+import subprocess, sys
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+
+# %% [markdown]
+# # Workbook 12 — the backward pass
+#
+# Companion of `book/12_backward.py`. You write three pieces of GLA's backward pass:
+#
+# 1. the gate gradient in closed form, from $dq$ and $dk$ alone;
+# 2. the whole backward token by token, walking time in reverse;
+# 3. the chunkwise backward, the algorithm the library's `linattn.chunk.gla` runs.
+#
+# The forward is GLA as in chapter 04: $S_t = \operatorname{diag}(e^{g_t}) S_{t-1} + k_t^\top v_t$,
+# $o_t = \text{scale}\cdot q_t S_t$, with $S$ of shape K×V, $g$ log-decays ≤ 0 of shape
+# `[B, T, H, K]` or `[B, T, H]`. The loss is $L = \sum_t \langle o_t, do_t\rangle +
+# \langle S_T, dS_T\rangle$: `do` `[B, T, H, V]` is the gradient arriving at the output, and
+# `dfinal_state` `[B, H, K, V]` (or `None`) the gradient arriving at the final state (a model that
+# hands the state on to the next segment sends one back).
+#
+# Each backward returns `(dq, dk, dv, dg, dinitial_state)`, every gradient in its input's shape
+# and dtype; `dinitial_state` is `None` when no `initial_state` was given. The grader compares
+# with float64 autograd through the naive recurrence, at relative error 1e-4 for float32 inputs.
+# Its cases include strong gates (down to −20 per step), both gate shapes, K ≠ V, an initial
+# state, a final-state gradient, float64, and lengths that are not a multiple of the chunk size.
+
+# %%
+import torch
+
+from linattn.grade import check
+
+# %% [markdown]
+# ## Exercise 1 — `ch12.gate_grad`
+#
+# With $b_t = g_1 + \dots + g_t$ (per key dimension), the forward depends on the gates only
+# through $q_t \odot e^{b_t}$ and $k_t \odot e^{-b_t}$ (and $S_T = \operatorname{diag}(e^{b_T})\tilde S_T$).
+# Hence, with $dq$, $dk$ the full gradients of $q$ and $k$:
+#
+# $$\frac{\partial L}{\partial b_t} = q_t \odot dq_t - k_t \odot dk_t
+#   \;+\; [t = T]\,\textstyle\sum_v (S_T \odot dS_T)_{:,v},
+# \qquad dg_t = \sum_{s \ge t} \frac{\partial L}{\partial b_s}.$$
+#
+# Mind the sign (+ on the query side) and the direction of the sum (from the **end**: $g_t$ is
+# inside every $b_s$ with $s \ge t$). For gates of shape `[B, T, H]` sum the result over K.
+# `final_state` and `dfinal_state` are `[B, H, K, V]` or both `None`. Return `dg` in `g`'s dtype.
+#
+# Hint: `x.flip(1).cumsum(1).flip(1)` is the suffix sum along time.
+
+# %% exercise="ch12.gate_grad"
+def gate_grad(q, k, dq, dk, g, *, final_state=None, dfinal_state=None):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch12.gate_grad", gate_grad);
+
+# %% [markdown]
+# ## Exercise 2 — `ch12.recurrent_backward`
+#
+# Recompute the forward and keep every state $S_0, \dots, S_T$. Then walk $t = T-1, \dots, 0$
+# (0-based) carrying $dS$, the gradient of the state after step $t$, which starts as
+# `dfinal_state` (or zeros):
+#
+# $$dS \mathrel{+}= \text{scale}\cdot q_t^\top do_t,\quad dq_t = \text{scale}\cdot do_t S_t^\top,\quad
+#   dk_t = v_t\, dS^\top,\quad dv_t = k_t\, dS,$$
+# $$dg_t = e^{g_t} \odot \textstyle\sum_v (S_{t-1} \odot dS)_{:,v},\qquad
+#   dS \leftarrow \operatorname{diag}(e^{g_t})\, dS .$$
+#
+# After the walk $dS$ is the gradient of the initial state. Compute in float32 (float64 for
+# float64 inputs). Check your `dg` against Exercise 1 if you like: they must agree.
+
+# %% exercise="ch12.recurrent_backward"
+def recurrent_gla_backward(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=None):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch12.recurrent_backward", recurrent_gla_backward);
+
+# %% [markdown]
+# ## Exercise 3 — `ch12.chunk_backward`
+#
+# Chunks of $C$ = `chunk_size` tokens (the grader uses 16; the **last chunk may be shorter** —
+# its gradients count too). Inside a chunk, $b$ is the cumulative log-gate from the chunk start,
+# $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$, $\hat Q = \text{scale}\cdot Q$,
+# and the forward is $O = P V + (\hat Q \odot \Lambda) S_{[n-1]}$,
+# $P_{ij} = \sum_\kappa \hat q_{i\kappa} k_{j\kappa} e^{b_{i\kappa} - b_{j\kappa}}$ ($i \ge j$),
+# $S_{[n]} = \operatorname{diag}(\gamma) S_{[n-1]} + (K \odot \Gamma)^\top V$.
+#
+# 1. Forward over chunks, keeping the state *entering* each chunk, $S_{[n-1]}$.
+# 2. Backward over chunks from $dS_{[N]}$ = `dfinal_state` (or zeros); with $dS_{[n]}$ the
+#    gradient of the state after chunk $n$:
+#
+# $$dP = \operatorname{tril}(dO\, V^\top),\quad dV = P^\top dO + (K \odot \Gamma)\, dS_{[n]},$$
+# $$d\hat q_i = \textstyle\sum_{j \le i} dP_{ij}\, k_j \odot e^{b_i - b_j} + \Lambda_i \odot (dO_i\, S_{[n-1]}^\top),\qquad
+#   dk_j = \textstyle\sum_{i \ge j} dP_{ij}\, \hat q_i \odot e^{b_i - b_j} + \Gamma_j \odot (V_j\, dS_{[n]}^\top),$$
+# $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + (\hat Q \odot \Lambda)^\top dO .$$
+#
+# 3. The gate gradient by the closed form **inside each chunk**: $\partial L/\partial b_t = \hat q_t
+#    \odot d\hat q_t - k_t \odot dk_t$, plus $\sum_v (S_{[n]} \odot dS_{[n]})_{:,v}$ at the chunk's
+#    last position, then a suffix sum within the chunk. $dq = \text{scale}\cdot d\hat q$.
+#
+# Keep $e^{b_i - b_j}$ in log space (masked to $-\infty$ above the diagonal before `exp`), as in
+# chapter 04: strong gates make $e^{-b}$ overflow.
+
+# %% exercise="ch12.chunk_backward"
+def chunk_gla_backward(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=None,
+                       chunk_size=64):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch12.chunk_backward", chunk_gla_backward);
+
+# %% [markdown]
+# ## Use it
+#
+# Your `chunk_gla_backward` can train: wrap it in a `torch.autograd.Function` whose forward is
+# `linattn.chunk.gla(..., output_final_state=True)` and whose backward returns your gradients.
+# Compare its time with autograd through `linattn.naive.gla` (uncomment):
+
+# %%
+# import linattn
+# args = linattn.testing.make_inputs("gla", T=256)
+# do = torch.randn_like(args["v"])
+# print(linattn.bench.timeit(lambda: chunk_gla_backward(**args, do=do)), "ms")
+
+# %%
+from linattn.grade import progress_text; print(progress_text())
