@@ -10,8 +10,7 @@ from linattn import testing
 from linattn import triton as lt
 from linattn.validate import InputError
 
-NO_BACKWARD = [("linear_attn", {}), ("gla", {"gate": "per_dim"}), ("gla", {"gate": "per_head"}),
-               ("delta_rule", {}), ("kda", {"gate": "per_dim"})]
+NO_BACKWARD = [("linear_attn", {}), ("gla", {"gate": "per_dim"}), ("gla", {"gate": "per_head"})]
 
 
 @pytest.mark.parametrize("op,kw", NO_BACKWARD, ids=lambda x: x if isinstance(x, str) else x.get("gate", ""))

@@ -16,6 +16,8 @@ Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: t
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
 Chunks of 16, 32 or 64 tokens (`MAX_CHUNK`).
+The backward (an autograd.Function, used only when some input requires grad) is
+linattn/triton/delta_backward.py.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..naive.delta import check_keys
-from ..validate import InputError, check_chunk, check_inputs, refuse_grad
+from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
 from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
@@ -69,25 +71,36 @@ MAX_CHUNK = 64
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=64):
-    """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t."""
+               chunk_size=64, recompute=True):
+    """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t.
+
+    Differentiable (linattn/triton/delta_backward.py); recompute=False keeps the forward's chunk
+    factors and states for the backward instead of recomputing them (more memory, less work)."""
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
-    refuse_grad("linattn.triton.delta_rule", q=q, k=k, v=v, beta=beta, initial_state=initial_state)
     check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
     check_keys(k, beta)
-    return _forward(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size)
+    return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=64):
+        chunk_size=64, recompute=True):
     """KDA (g [B,T,H,K]) or Gated DeltaNet (g [B,T,H]) on the GPU:
-    S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
+    S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t).
+    Differentiable; `recompute` as in `delta_rule`."""
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
-    refuse_grad("linattn.triton.kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
     check_keys(k, beta)
-    return _forward(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size)
+    return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute)
+
+
+def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
+    """The plain forward, or the autograd.Function when autograd will ask for gradients."""
+    from . import delta_backward  # it builds on this module's stages
+    if delta_backward.needs_backward(q, k, v, g, beta, initial_state):
+        return delta_backward.apply(q, k, v, g, beta, d, initial_state, output_final_state, C,
+                                    recompute)
+    return _forward(q, k, v, g, beta, d, initial_state, output_final_state, C)
 
 
 # ---------------------------------------------------------------- host side

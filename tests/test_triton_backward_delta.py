@@ -1,0 +1,173 @@
+"""The backward of linattn.triton.delta_rule / kda against float64 autograd through linattn.naive.
+
+The same file runs natively on a GPU and through the Triton interpreter on a CPU (small shapes
+there). Every call, forward and backward, runs under `testing.poisoned()`: the kernels' outputs
+and every gradient buffer start as NaN, so an element a kernel forgets to write fails the check.
+"""
+import pytest
+import torch
+
+from linattn import chunk, device, naive, testing
+from linattn.triton import delta as tri
+from linattn.triton import delta_backward, wy_backward
+
+DEV = device.default_device()
+GPU = DEV == "cuda"
+# Gradient tolerances of the project (relative error vs float64 autograd through linattn.naive)
+GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+# (op, gate, B, T, H, K, V, chunk): T never a multiple of the chunk, K ≠ V
+SHAPES = [
+    ("delta_rule", None, 2, 45, 1, 32, 48, 16),
+    ("kda", "per_head", 1, 50, 2, 16, 32, 32),
+    ("kda", "per_dim", 1, 40, 2, 32, 16, 16),
+]
+if GPU:  # head dimensions of real models, longer sequences
+    SHAPES += [(op, gate, 2, 1000, 4, 128, 128, 64)
+               for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))]
+    SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 256, 32), ("kda", "per_head", 1, 700, 3, 256, 64, 16)]
+
+
+def inputs(op, gate, B, T, H, K, V, dtype, *, strength="normal", beta_max=1.0, initial_state=True,
+           seed=0):
+    """Library inputs on DEV; β ∈ (0, beta_max) with unit keys, so β‖k‖² ≤ beta_max ≤ 2."""
+    a = testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV,
+                            gate=gate or "per_dim", strength=strength,
+                            initial_state=initial_state, seed=seed)
+    a["beta"] = a["beta"] * beta_max
+    return a
+
+
+def upstream(a, seed=1):
+    """Incoming gradients dO [B, T, H, V] and dS_final [B, H, K, V], float64 on DEV."""
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H, V = a["v"].shape
+    K = a["k"].shape[-1]
+    return (torch.randn(B, T, H, V, generator=gen, dtype=torch.float64).to(DEV),
+            torch.randn(B, H, K, V, generator=gen, dtype=torch.float64).to(DEV))
+
+
+def grads(fn, a, dO, dS, final=True, **kw):
+    """(gradients of Σ o·dO [+ Σ S_final·dS] for every tensor input, o)."""
+    leaves = {n: a[n].detach().clone().requires_grad_(True) for n in NAMES if n in a}
+    o, S = fn(**{**a, **leaves}, output_final_state=final, **kw)
+    loss = (o.double() * dO).sum()
+    if final:
+        loss = loss + (S.double() * dS).sum()
+    loss.backward()
+    return {n: x.grad for n, x in leaves.items()}, o
+
+
+def reference(op, a, dO, dS, final=True):
+    return grads(getattr(naive, op), testing.to_float64(a), dO, dS, final)
+
+
+def ours(op, a, dO, dS, final=True, **kw):
+    with testing.poisoned():
+        return grads(getattr(tri, op), a, dO, dS, final, **kw)
+
+
+def assert_close(got, ref, tol):
+    for n, r in ref.items():
+        assert got[n] is not None, n
+        err = testing.rel_err(got[n], r)
+        assert err <= tol, (n, err, testing.worst_position(got[n], r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s)))
+def test_grads_match_naive(shape, dtype):
+    # every input's gradient, an initial state and an incoming final-state gradient
+    op, gate, *dims, C = shape
+    a = inputs(op, gate, *dims, dtype)
+    dO, dS = upstream(a)
+    ref, o_ref = reference(op, a, dO, dS)
+    got, o = ours(op, a, dO, dS, chunk_size=C)
+    for n in ref:
+        assert got[n].dtype == a[n].dtype, n
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert_close(got, ref, GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("gate, chunk", [("per_head", 64), ("per_dim", 32), ("per_dim", 16)])
+def test_strong_gates_and_large_beta(gate, chunk):
+    # log-gates down to −20 per token (e^{±G} over a chunk is 0 or inf in float32) and β up to 2
+    # (β‖k‖² up to the contraction bound)
+    T = 300 if GPU else 50
+    a = inputs("kda", gate, 1, T, 2, 32, 32, torch.float32, strength="strong", beta_max=2.0)
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    got, _ = ours("kda", a, dO, dS, chunk_size=chunk)
+    assert_close(got, ref, GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_dim")])
+def test_recompute_or_keep(op, gate):
+    # recompute=False hands the forward's stage-1/2 tensors to the backward; the kernels are the
+    # same and deterministic, so the gradients are equal bit for bit
+    a = inputs(op, gate, 1, 40, 1, 16, 32, torch.float32)
+    dO, dS = upstream(a)
+    g1, _ = ours(op, a, dO, dS, chunk_size=16, recompute=True)
+    g2, _ = ours(op, a, dO, dS, chunk_size=16, recompute=False)
+    for n in g1:
+        assert torch.equal(g1[n], g2[n]), n
+
+
+def test_without_states():
+    # no initial state, no final state asked for: gradients of q, k, v, g, β only
+    a = inputs("kda", "per_head", 2, 33, 1, 16, 16, torch.float32, initial_state=False, seed=3)
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS, final=False)
+    got, _ = ours("kda", a, dO, dS, final=False, chunk_size=16)
+    assert set(got) == {"q", "k", "v", "g", "beta"}
+    assert_close(got, ref, GRAD_TOL[torch.float32])
+
+
+def test_against_chunk_level():
+    # the chunkwise PyTorch level in float64 (its own backward) as a second reference
+    a = inputs("kda", "per_dim", 1, 40, 1, 16, 16, torch.float32, seed=4)
+    dO, dS = upstream(a)
+    ref, _ = grads(chunk.kda, testing.to_float64(a), dO, dS, chunk_size=16)
+    got, _ = ours("kda", a, dO, dS, chunk_size=16)
+    assert_close(got, ref, GRAD_TOL[torch.float32])
+
+
+def test_narrow_blocks(monkeypatch):
+    # several V-blocks in the reverse state pass and the per-chunk reductions, several K-blocks in
+    # the gate kernel (their partial sums of dβ and of a per-head dg), all partly masked
+    monkeypatch.setitem(delta_backward.TUNING, "bv_state", 16)
+    monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 16)
+    monkeypatch.setattr(wy_backward, "BK_GATES", 16)
+    for gate in ("per_head", "per_dim"):
+        a = inputs("kda", gate, 1, 20, 1, 40, 40, torch.float32, seed=6)
+        dO, dS = upstream(a)
+        ref, _ = reference("kda", a, dO, dS)
+        got, _ = ours("kda", a, dO, dS, chunk_size=16)
+        assert_close(got, ref, GRAD_TOL[torch.float32])
+
+
+def test_some_inputs_require_grad():
+    # only v and g: the others get no gradient, and those two are right
+    a = inputs("kda", "per_dim", 1, 20, 1, 16, 16, torch.float32, seed=7)
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    v, g = a["v"].clone().requires_grad_(True), a["g"].clone().requires_grad_(True)
+    with testing.poisoned():
+        o, S = tri.kda(**{**a, "v": v, "g": g}, output_final_state=True, chunk_size=16)
+        ((o.double() * dO).sum() + (S.double() * dS).sum()).backward()
+    assert a["q"].grad is None and a["k"].grad is None
+    assert_close({"v": v.grad, "g": g.grad}, {"v": ref["v"], "g": ref["g"]}, GRAD_TOL[torch.float32])
+
+
+def test_plain_forward_without_grad(monkeypatch):
+    # no input requires grad, or grad mode is off: the plain forward runs, not the Function
+    a = inputs("delta_rule", None, 1, 20, 1, 16, 16, torch.float32)
+    used = []
+    monkeypatch.setattr(delta_backward, "apply", lambda *x, **kw: used.append(1))
+    o, _ = tri.delta_rule(**a, chunk_size=16)
+    a["q"].requires_grad_(True)
+    with torch.no_grad():
+        o2, _ = tri.delta_rule(**a, chunk_size=16)
+    assert not used and not o.requires_grad and not o2.requires_grad
+    assert torch.equal(o, o2)
