@@ -46,17 +46,27 @@ def kda_step(q, k, v, g, beta, state=None, *, scale=None):
     return _read(q, _delta_write(k, v_, beta, _decay(g, S, d), d), d, v.dtype)
 
 
-def _prepare(q, k, v, state, scale, *, g=None, beta=None):
+def check_step(q, k, v, state, scale, *, g=None, beta=None):
+    """Validate one token's inputs (the Triton step uses it too); returns the Dims (T = 1)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise InputError(f"{name} must be one token, shape [B, H, {'V' if name == 'v' else 'K'}], "
                              f"got {shape}")
+    want = (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
+    if state is not None and (not isinstance(state, torch.Tensor) or tuple(state.shape) != want):
+        got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise InputError(f"state must have shape [B, H, K, V] = {list(want)}, got {got}")
     seq = lambda x: None if x is None else x.unsqueeze(1)            # noqa: E731  one-token sequence
     d = check_inputs(seq(q), seq(k), seq(v), g=seq(g), beta=seq(beta), scale=scale,
                      initial_state=state, gate=g is not None, delta=beta is not None)
     if beta is not None:
-        check_keys(k, beta)
+        check_keys(seq(k), seq(beta))                                  # reports token 0
+    return d
+
+
+def _prepare(q, k, v, state, scale, *, g=None, beta=None):
+    d = check_step(q, k, v, state, scale, g=g, beta=beta)
     S = initial(state, d, q.device)                                    # [B, H, K, V]
     return d, q.to(d.acc), k.to(d.acc), v.to(d.acc), S
 
