@@ -244,7 +244,7 @@ plt.show()
 # Flops rise steadily with $C$ (right axis): the intra term takes over once $C > 2KV/(K+V) = K$.
 # The time first falls — fewer, larger steps — and rises again once the $C\times C$ blocks
 # dominate. Where the minimum lies is a property of the device *and* of the implementation: on
-# a 2-core CPU this PyTorch loop is fastest around $C$ = 64–128; on an H200 it keeps getting
+# a 2-core CPU this PyTorch loop is fastest around $C$ = 64–128; on an H200 (torch 2.11) it keeps getting
 # faster up to $C = 512$, because each chunk costs a few kernel launches, which are expensive
 # next to the GPU's arithmetic. The Triton kernels of later chapters do a chunk's work inside one
 # kernel; there $C = 64$ is the usual choice, a chunk being one tile of tensor-core work. (The

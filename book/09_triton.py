@@ -205,8 +205,8 @@ print("float32 tolerance:", testing.tolerance(torch.float32))
 #   far too big for a real GPU runs fine.
 # * **races and miscompiles**: programs never overlap, and the compiler never runs. A kernel can be
 #   right in the interpreter and wrong natively (chapter 10's notes show one such case) — so the
-#   library's tests also run natively on a GPU (on an H200 at commit `b1d9f6b`, 2026-11-21: all
-#   920 tests and the 208 cells of the chapters and workbooks, this one included, passed).
+#   library's tests, and every chapter and workbook, also run natively on a GPU
+#   (`tools/gpu_validate.sh`).
 
 # %%
 print("Triton mode:", linattn.device.triton_mode())
@@ -342,22 +342,30 @@ print("ran:", linattn.which("linear_attn"))
 # ## 7. How fast, on a GPU
 #
 # On a CPU there is nothing to time (the interpreter's speed says nothing about kernels), so this
-# section shows a recorded run of `tools/bench.py --suite anchors` on an NVIDIA H200: bf16,
-# $H = 16$, $K = V = 128$, $B\cdot T = 32\,768$ tokens, forward, against flash-linear-attention 0.6.0
-# (FLA) and causal softmax attention (PyTorch SDPA, FlashAttention) on the same inputs. The
-# `floor` column is the time to read every input once and write $o$ once at the copy bandwidth
-# measured in the same run; `ours/floor` says how far a kernel is from that. On a GPU the next
-# cell times the two modes live as well.
+# section shows a recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`): bf16,
+# $H = 16$, $K = V = 128$, $B\cdot T = 32\,768$ tokens, forward only, against
+# flash-linear-attention (FLA) and causal softmax attention (PyTorch SDPA, which runs
+# FlashAttention) on the same inputs. The `floor` column is the time to read every input once and
+# write $o$ once at the copy bandwidth measured in the same run; `ours/floor` says how far a kernel
+# is from that. The caption above the table names the device, the date and the software versions.
+# On a GPU the cell after it also times the two modes live.
 
 # %%
-rec = bench.recorded_run("bench.json", "bench_h200.json")   # a full tools/bench.py run, else the first run
-rows = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"]
-print("recorded:", bench.run_label(rec["env"]))
+def caption(env):
+    """Where and with what a recorded run was made: device, date, software versions."""
+    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+            f"FLA {env['fla']}")
+
+
+rec = bench.recorded_run("bench.json")
+lin = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"]
+print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
+      f"B·T = {rec['size']['tokens']} tokens; copy bandwidth {rec['anchors']['bandwidth'] / 1e12:.2f} TB/s")
 print(bench.markdown_table(
     ["T", "B", "ours (auto)", "fused", "states", "chunk (PyTorch)", "FLA", "ours/FLA", "SDPA causal",
      "floor", "ours/floor"],
     [[r["T"], r["B"], r["triton"], r["triton:fused"], r["triton:states"], r.get("chunk"), r["fla"],
-      r["ratio_fla"], r["sdpa"], r.get("floor"), r.get("ratio_floor")] for r in rows]))
+      r["ratio_fla"], r["sdpa"], r.get("floor"), r.get("ratio_floor")] for r in lin]))
 
 # %%
 def live_modes():
@@ -372,50 +380,48 @@ def live_modes():
 pick(cpu=lambda: print("CPU: no live timing (see the recorded table above)"), gpu=live_modes)()
 
 # %% [markdown]
-# The recorded run: NVIDIA H200, 2026-11-21 15:53 UTC, the library's kernels at commit `b1d9f6b`
-# (torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0; copy bandwidth 4.25 TB/s; `book/data/bench.json`).
-# Every number in this section is from that run unless it says otherwise.
+# What the table shows, read from the recorded numbers (the next cell prints them, so a new
+# recording updates them):
+
+# %%
+first, best = lin[0], min(lin, key=lambda r: r["triton"])
+ahead = [r["T"] for r in lin if r["triton"] <= r["fla"]]
+print(f"* T = {first['T']} (B = {first['B']}): fused {first['triton:fused']:.3f} ms, states "
+      f"{first['triton:states']:.3f} ms, FLA {first['fla']:.3f} ms, the chunk level {first['chunk']:.2f} ms "
+      f"({first['chunk'] / first['triton']:.0f}× the kernel).")
+for r in lin:
+    faster = "fused" if r["triton:fused"] < r["triton:states"] else "states"
+    print(f"* T = {r['T']:5d}: {r['B'] * 16 * 2:4d} fused programs, faster mode {faster:6s} "
+          f"(fused {r['triton:fused']:.3f}, states {r['triton:states']:.3f} ms), ours/FLA {r['ratio_fla']:.2f}, "
+          f"ours/floor {r['ratio_floor']:.1f}")
+print(f"* ours ≤ FLA at T = {', '.join(map(str, ahead)) or 'no length'}; "
+      f"{len(ahead)} of {len(lin)} lengths.")
+print(f"* bf16 output against the float32 chunk level: relative error {first['rel_err_triton']:.1e}.")
+print(f"* SDPA: {lin[0]['sdpa']:.3f} ms at T = {lin[0]['T']}, {lin[-1]['sdpa']:.2f} ms at T = {lin[-1]['T']}; "
+      f"linear attention faster at {sum(r['triton'] < r['sdpa'] for r in lin)} of {len(lin)} lengths.")
+
+# %% [markdown]
+# Why the numbers fall as they do:
 #
-# At $T = 1024$ ($B = 32$, so $B\cdot H = 512$ (batch, head) pairs already fill the GPU) the fused
-# kernel took 0.283 ms and materialising the states cost 0.066 ms more (0.349 ms): with enough
-# (batch, head) pairs extra parallelism buys nothing, and writing $N_T$ states of $128\times128$ per
-# head and reading them back is extra traffic (chapter 10 works it out). FLA took 0.368 ms
-# (ours/FLA 0.77). The chunk level — chapter 02's loop of PyTorch matmuls — took 5.50 ms: the cost
-# of one launch per small product. In bf16 all three modes agree with the chunk level (float32) to
-# a relative error of $2.35\cdot10^{-3}$.
-#
-# The fused kernel stays at 0.282 ms up to $T = 8192$ and beats FLA there (0.368–0.422 ms:
-# ours/FLA 0.67–0.77). Longer sequences at fixed $B\cdot T$ shrink $B$: at $T = 16384$ and $32768$
-# the fused kernel has only 64 and 32 programs and slows to 0.515 and 1.00 ms (its time nearly
-# doubles each time its grid halves, which fits idle multiprocessors; not profiled). The states
-# mode takes 0.386 and 0.494 ms there: 2 % under FLA (0.397 ms) at $T = 16384$, 8 % over it
-# (0.458 ms) at $T = 32768$; why it is behind FLA at $T = 32768$ is not profiled. So the target of
-# issue #5 for linear attention, forward time ≤ FLA's at every $T$, holds from $T = 1024$ to
-# $16384$ and fails at $T = 32768$ (ours/FLA 1.08): **not met**. The 2 % at $T = 16384$ is smaller
-# than the run-to-run differences below. Against the memory floor (0.126 ms) our best time is
-# 2.2–2.3× up to $T = 8192$, 3.1× and 3.9× beyond. Causal softmax attention (SDPA) took 0.298 ms at
-# $T = 1024$ and 7.69 ms at $T = 32768$: linear attention is faster at every $T$ here, by 5 % at
-# $T = 1024$.
-#
-# The other targets of issue #5 are not met in this run either: GLA takes 1.13–1.22× FLA's time and
-# 9.5–13.8× its memory floor (the aim is 2×), and it is faster than SDPA from $T = 8192$, not from
-# $2048$ (chapter 10); KDA takes 1.49–1.85× FLA's time (chapter 11).
-#
-# The previous anchor run (15:04 UTC, commit `30738f4`) measured the same kernels at this chunk
-# size ($C = 64$; the commits in between changed larger chunks only). Up to $T = 8192$ the auto
-# times agree within 3 %. At $T = 16384$ and $32768$ the states mode took 0.421 and 0.530 ms then,
-# 0.386 and 0.494 ms now, while FLA moved by under 1 % (0.400 and 0.460 ms then): at $T = 16384$
-# we were 5 % behind FLA in that run and are 2 % ahead in this one. The 7–8 % difference between the
-# runs was not profiled. (FLA's 0.513 ms at $T = 1024$ in that run was a one-off; here it took
-# 0.368 ms, as in the runs before.)
+# * **Many sequences: fused wins.** At short $T$ the batch is large ($B\cdot T$ is fixed), so
+#   $B\cdot H$ (batch, head) pairs alone give the fused kernel enough programs to fill the GPU.
+#   Extra parallelism then buys nothing, and materialising the states costs traffic: $N_T$ states
+#   of $128\times128$ per head written and read back (chapter 10 works it out). The fused time is
+#   flat in $T$ while its grid covers the GPU.
+# * **Few long sequences: states wins.** Each halving of $B$ halves the fused grid; once it has
+#   fewer programs than the GPU has multiprocessors, the fused time grows about as the grid
+#   shrinks, the mark of idle multiprocessors. The states mode fills the GPU at every $T$.
+# * **The chunk level** is chapter 02's loop of small PyTorch matmuls: one launch per small
+#   product, an order of magnitude slower than one kernel.
+# * **Against FLA** the fused kernel is ahead while its grid is full; at the longest lengths,
+#   where the states mode takes over, the two are close and FLA can be ahead. **Against the
+#   memory floor** the best mode stays within a small factor while the grid is full.
+# * **Against softmax attention:** causal SDPA does $O(T)$ work per token, so its time doubles
+#   with $T$ at a fixed number of tokens, while linear attention's stays nearly flat.
 #
 # `mode="auto"` picks fused while the fused grid has more programs than half the 132
-# multiprocessors: 128 programs at $T = 8192$ (fused), 64 at $T = 16384$ (states). In this run
-# that was the faster mode at every $T$. Auto runs the same kernels as the mode it picks; its times
-# are within 0.005 ms of that mode's except at $T = 8192$ (0.294 against 0.282 ms; not looked
-# into). The run of 13:52 UTC (commit `7b209be`) used a stricter rule — fused only when the grid
-# covers all 132 multiprocessors — and at $T = 8192$ picked states, 0.411 ms, although fused took
-# 0.290 ms there. Chapter 10 works the trade-off out.
+# multiprocessors of an H200 (128 programs at $T = 8192$: fused; 64 at $T = 16384$: states), and
+# runs the same kernels as the mode it picks. Chapter 10 works the trade-off out.
 #
 # ## Summary
 #
@@ -427,11 +433,11 @@ pick(cpu=lambda: print("CPU: no live timing (see the recorded table above)"), gp
 #   only natively — read `n_regs`, `n_spills` and shared memory from the compiled kernel there.
 # * Chunkwise linear attention is three `tl.dot`s per chunk with the state on chip; the library's
 #   kernel adds blocks, dtypes, states, and a second mode that materialises chunk states.
-# * Measured on an H200 (2026-11-21 15:53 UTC, commit `b1d9f6b`): the fused kernel beats FLA up to
-#   $T = 8192$ (0.282 ms, ours/FLA 0.67–0.77, 2.2–2.3× the memory floor); beyond, the states mode is
-#   2 % ahead of FLA at $T = 16384$ and 8 % behind at $32768$, so "≤ FLA at every $T$" is not met
-#   yet.
+# * On an H200 (the recorded run above) the fused kernel is fastest while its grid fills the GPU,
+#   the states mode for few long sequences; the printed lines say where each is against FLA,
+#   the memory floor and softmax attention.
 #
-# There is no graded workbook for this chapter yet. To practise, change `chunk_linear_attn_kernel`
-# to take an initial state and return the final one, and check it against
-# `naive.linear_attn(..., initial_state=..., output_final_state=True)`.
+# **Workbook:** [`exercises/09_triton.py`](../exercises/09_triton.py) — write the kernels of
+# this chapter yourself and have them checked. A further exercise: change
+# `chunk_linear_attn_kernel` to take an initial state and return the final one, and check it
+# against `naive.linear_attn(..., initial_state=..., output_final_state=True)`.

@@ -77,13 +77,12 @@ DEV = linattn.device.default_device()
 # summed inside each kernel that loads them (no $b$ in memory); for linear attention ($g=0$) the
 # same kernels run with the gate compiled out (chapter 09).
 #
-# We also tried the per-dimension case without $A$ and $b$ in memory: each kernel summing its
-# gates, and the output kernel building the tiles of $A$ and multiplying them by $V$ on chip. On
-# an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$, a run at ~14:35 UTC) it took
-# 3.24 ms against 1.88 ms for the pipeline above (the bench of 13:52 UTC, commit `7b209be`; 1.81 ms
-# in the run of 15:53 UTC, commit `b1d9f6b`, used in §6); its state pass alone took 0.69 ms,
-# three times FLA's 0.22 ms for the same step. Not profiled further; a likely reason is that its `tl.cumsum` of a
-# $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
+# The per-dimension case can also run without $A$ and $b$ in memory: each kernel sums its own
+# gates, and the output kernel builds the tiles of $A$ and multiplies them by $V$ on chip. On an
+# H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$; triton 3.6, 2026-11-21) that version
+# takes 3.24 ms against about 1.8–1.9 ms for the pipeline above; its state pass alone takes
+# 0.69 ms, three times FLA's 0.22 ms for the same step. A likely reason is that its `tl.cumsum` of
+# a $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
 # reads $b$. Saving memory traffic is not always saving time.
 
 # %%
@@ -175,7 +174,7 @@ for e in range(c, C, c):
     ax.axhline(e - 0.5, color="w", lw=0.8)
     ax.axvline(e - 0.5, color="w", lw=0.8)
 ax.set(xlabel="key s in the chunk", ylabel="query t in the chunk", title=f"log10 |A| of chunk 0 (c = {c})")
-fig.colorbar(im, ax=ax, shrink=0.8)
+fig.colorbar(im, ax=ax, shrink=0.8).set_label("log10 |A_ts| (above the diagonal: not used)")
 plt.show()
 
 # %% [markdown]
@@ -207,10 +206,10 @@ assert finite
 # $S$ evolve independently, so blocks add parallelism for free — up to a point: at
 # $B\cdot H = 16$ heads, $64\times64$ blocks make only 64 programs for an H200's 132
 # multiprocessors, yet $32\times32$ blocks (256 programs, two pipeline stages instead of three)
-# measured slower: 0.52 against 0.29 ms for linear attention at $T = 32768$, in two runs on
-# H200s (0.29 ms: `tools/profile_ops.py` at 14:20 UTC, `docs/perf_notes.md`; 0.52 ms: a run at
-# ~14:35 UTC). A likely reason is that each program then moves more bytes per multiply (both
-# settings changed at once, so the runs do not separate them). The library keeps $64\times64$
+# are slower: 0.52 against 0.29 ms for linear attention at $T = 32768$ on an H200 (bf16,
+# triton 3.6, 2026-11-21). A likely reason is that each program then moves more bytes per
+# multiply (block width and stage count differ between the two settings, so the measurement does
+# not separate them). The library keeps $64\times64$
 # (`gated.STATE_BLOCK`). The stored state of chunk $n$ must equal the recurrence's state after
 # $nC$ tokens:
 
@@ -268,7 +267,7 @@ print("ran:", linattn.which("gla"))
 # At the benchmark setting ($B\cdot T = 32\,768$ tokens, $H=16$, $K=V=128$, bf16, $C=64$, $B_V=64$),
 # the number of states is the same at every $T$ — 512 chunks × 16 heads — so materialising always
 # costs $512\cdot16\cdot128\cdot128\cdot2$ bytes = 268 MB written and read back: about 0.13 ms at
-# the H200's copy bandwidth of 4.25 TB/s (read + write, measured in the 15:53 UTC run below). What
+# the H200's copy bandwidth of 4.25 TB/s (read + write, measured in the recorded run below). What
 # changes with $T$ is how many programs the fused kernel has:
 
 # %%
@@ -294,27 +293,29 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # multiprocessors, for per-dimension gates always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
-# shows the recorded run (`tools/bench.py --suite anchors`, NVIDIA H200, 2026-11-21 15:53 UTC,
-# the kernels of this chapter at commit `b1d9f6b`, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0;
-# `book/data/bench.json`). `floor` is the time to read every input once and write $o$ once at the
-# copy bandwidth measured in that run. Between the previous run (15:04 UTC, commit `30738f4`) and
-# this one, the GLA and linear-attention kernels changed only for chunks larger than 64 (§8), so
-# at $C = 64$ both runs measure the same computation; their differences, a few per cent, we read
-# as run-to-run variation.
+# shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`; its
+# caption names the device, date and versions). `floor` is the time to read every input once
+# and write $o$ once at the copy bandwidth measured in that run.
 
 # %%
-rec = bench.recorded_run("bench.json", "bench_h200.json")   # also read by the sections below
+def caption(env):
+    """Where and with what a recorded run was made: device, date, software versions."""
+    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+            f"FLA {env['fla']}")
+
+
+rec = bench.recorded_run("bench.json")   # also read by the sections below
+by_op = {op: [r for r in rec["anchors"]["rows"] if r["op"] == op] for op in ("linear_attn", "gla", "simple_gla")}
 
 
 def show_recorded_modes():
-    print("recorded:", bench.run_label(rec["env"]))
+    print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
+          f"B·T = {rec['size']['tokens']} tokens, C = 64")
     print(bench.markdown_table(
         ["op", "T", "B", "fused", "states", "auto", "FLA", "auto/FLA", "SDPA causal", "floor", "auto/floor"],
         [[r["op"], r["T"], r["B"], r["triton:fused"], r["triton:states"], r["triton"], r["fla"],
           r.get("ratio_fla"), r["sdpa"], r.get("floor"), r.get("ratio_floor")]
-         for r in rec["anchors"]["rows"] if r["op"] in ("linear_attn", "gla", "simple_gla")]))
-    for note in rec["anchors"]["notes"]:
-        print("note:", note)
+         for rows_ in by_op.values() for r in rows_]))
 
 
 def live_modes():
@@ -330,42 +331,47 @@ def live_modes():
 pick(cpu=show_recorded_modes, gpu=live_modes)()
 
 # %% [markdown]
-# What the recorded run (H200, 15:53 UTC, commit `b1d9f6b`) says, against the model:
+# The facts to read off the table, per operation (printed from the recorded numbers):
+
+# %%
+def span(xs, fmt="{:.2f}"):
+    lo, hi = min(xs), max(xs)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+
+for op, rows_ in by_op.items():
+    wins = ", ".join(f"{r['T']}: {'fused' if r['triton:fused'] < r['triton:states'] else 'states'}" for r in rows_)
+    auto_ok = all(abs(r["triton"] - min(r["triton:fused"], r["triton:states"])) <= 0.05 * r["triton"] for r in rows_)
+    print(f"{op}: faster mode by T — {wins}")
+    print(f"    auto within 5 % of the faster mode at every T: {auto_ok}; auto/FLA {span([r['ratio_fla'] for r in rows_])}"
+          f" (≤ 1 at T = {', '.join(str(r['T']) for r in rows_ if r['ratio_fla'] <= 1) or 'none'});"
+          f" auto/floor {span([r['ratio_floor'] for r in rows_], '{:.1f}')}")
+gla_fla_floor = [r["fla"] / r["floor"] for r in by_op["gla"]]
+print(f"FLA's chunk_gla against the same floor: {span(gla_fla_floor, '{:.1f}')}×")
+
+# %% [markdown]
+# Against the model:
 #
-# * **Linear attention** (the `linear_attn` rows of chapter 09) follows the model. Fused takes
-#   0.282–0.283 ms at every $T \le 8192$; states costs 0.07–0.09 ms more there (0.349–0.371 ms),
-#   less than the 0.13 ms of traffic estimated above (why less was not profiled). At $T = 16384$
-#   and $32768$ fused slows down (0.515, 1.00 ms) and states wins (0.386, 0.494 ms). `auto`
-#   picked the faster mode at every $T$: fused up to 8192, states beyond.
-# * **GLA (per-dimension gates)** does not: states is faster at *every* length — 1.79–1.81 ms
-#   against fused's 2.07 ms for $T \le 8192$ — and fused then degrades as predicted (3.09 ms at
-#   16k, 5.14 ms at 32k, states 1.97 and 2.61 ms). `auto` always picks states for these gates,
-#   so it is right at every $T$ here. Why the fused GLA kernel loses even with a full grid has not
-#   been profiled; a likely reason is its size: with the state, the gates and four dots per chunk
-#   in one loop, its bf16 tiles at $K = V = 128$ needed more shared memory than an H200 has with
-#   Triton's default three pipeline stages (it runs with two), which leaves little room for a
-#   second program per multiprocessor to hide latency.
-# * **Scalar-gate GLA** (`simple_gla`, per-head gates) is closer to linear attention: fused
-#   0.301–0.304 ms against states 0.449–0.493 ms for $T \le 4096$. At $T = 8192$ fused jumps to
-#   0.494 ms (linear attention's stays at 0.282; not profiled) and the two modes are about equal
-#   (states 0.489 ms); `auto` picks fused there (128 programs). For per-head gates its rule rests
-#   on a measurement at $T = 1024$ only (`gated.choose_mode`). At 16k and 32k fused falls far
-#   behind (0.969, 2.01 ms) and states takes 0.660 and 1.03 ms — still *slower* than in the
-#   13:52 UTC run (0.526 and 0.710 ms). Not profiled. Two changes since `7b209be` touch that path:
-#   the per-head gates are now summed inside the state and output kernels, and the states-mode
-#   output kernel is 128 columns wide instead of 64. `docs/perf_notes.md` has two leads, from
-#   compiling for sm_90 on a CPU, neither timed: a reverse scan and more barriers in the state
-#   loop, and a 104-byte register spill in the 128-wide output kernel.
-# * **Against FLA** (issue #5's target: forward time ≤ FLA's at every $T$). Linear attention:
-#   0.67–0.77× FLA up to $T = 8192$, 0.98× at 16384, 1.08× at 32768 — under FLA except at 32k,
-#   so **not met** (the 15:04 UTC run was over at 16k too, 1.05×, with the same kernels). GLA:
-#   FLA's `chunk_gla` takes 1.48–2.13 ms, ours (auto) is 1.13–1.22× slower — **not met** at any
-#   $T$. `simple_gla`: 0.74× up to 4096, 1.19× at 8192, 1.43× and 1.71× beyond — **not met** from
-#   8192 on (0.96× at 8192 in the 15:04 UTC run, where FLA took 0.571 ms against 0.414 ms here).
-# * **Against the memory floor** (the aim for GLA: ≤ 2× the time to read the inputs and write $o$
-#   once; 0.190 ms here). Our GLA is 9.5× the floor up to $T = 8192$, 10.4× and 13.8× beyond —
-#   **far from met**. FLA's `chunk_gla` is itself 7.8–11.2× the floor in the same run. Linear
-#   attention comes closest: 2.2–2.3× its floor (0.126 ms) up to $T = 8192$, 3.1× and 3.9× beyond.
+# * **Linear attention** follows it. Fused is flat while its grid fills the GPU; the states mode
+#   costs a little more there — less than the ~0.13 ms of traffic estimated above (a likely
+#   reason: part of the writing overlaps with computing). At the two longest lengths the fused grid falls below the
+#   number of multiprocessors, fused slows down, and states wins. `auto` picks the faster mode.
+# * **GLA (per-dimension gates)** does not: states is faster at *every* length, and fused degrades
+#   further at long $T$, as predicted. `auto` always picks states for these gates. A likely reason
+#   the fused GLA kernel loses even with a full grid is its size: with the state, the gates and four
+#   dots per chunk in one loop, its bf16 tiles at $K = V = 128$ need more shared memory than an
+#   H200 has with Triton's default three pipeline stages (it runs with two), which leaves little
+#   room for a second program per multiprocessor to hide latency.
+# * **Scalar-gate GLA** (`simple_gla`, per-head gates) is close to linear attention while the grid
+#   is full; at long $T$ both of its modes are slower than linear attention's. The per-head gate
+#   is summed inside the state and output kernels; `docs/perf_notes.md` lists what compiling these
+#   kernels for sm_90 shows (a reverse scan and barriers in the state loop, a small register spill
+#   in the 128-wide output kernel), candidates for that gap.
+# * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$.
+#   Linear attention meets it at most lengths (the lines above list them); GLA, whose per-dimension gates need
+#   the float32 intra-chunk matrix, is slower than FLA's `chunk_gla` at every length in this run.
+# * **Against the memory floor.** GLA is far from the aim of 2× the floor, as is FLA's own
+#   `chunk_gla`: the intra-chunk matrix is compute, not traffic. Linear attention comes closest.
 
 # %% [markdown]
 # ## 7. Figure 2 of the GLA paper, left: time against sequence length
@@ -373,8 +379,7 @@ pick(cpu=show_recorded_modes, gpu=live_modes)()
 # The paper's claim is that a chunkwise linear-attention kernel overtakes FlashAttention as
 # sequences grow: at a fixed number of tokens, softmax attention costs $O(T)$ per token, GLA
 # $O(C + K)$. On a GPU the cell times our GLA (auto mode) and causal SDPA over $T = 1k\dots32k$; on
-# a CPU it plots the recorded H200 run (2026-11-21 15:53 UTC, commit `b1d9f6b`), with FLA's
-# `chunk_gla` beside it.
+# a CPU it plots the recorded run of §6, with FLA's `chunk_gla` beside it.
 
 # %%
 def series_live():
@@ -384,33 +389,40 @@ def series_live():
         ours.append(bench.median_ms(bench.library_call("gla", "triton", a3)))
         sdpa.append(bench.median_ms(bench.sdpa_call(T_)))
         del a3
-    return Ts, {"GLA (ours, Triton)": ours, "SDPA causal (FlashAttention)": sdpa}, "live"
+    return Ts, {"GLA (ours, Triton)": ours, "SDPA causal (FlashAttention)": sdpa}, "measured live"
 
 
 def series_recorded():
-    rows = [r for r in rec["anchors"]["rows"] if r["op"] == "gla"]
+    rows = by_op["gla"]
     return ([r["T"] for r in rows], {"GLA (ours, Triton, auto)": [r["triton"] for r in rows],
                                      "FLA chunk_gla": [r["fla"] for r in rows],
-                                     "SDPA causal (FlashAttention)": [r["sdpa"] for r in rows]}, "recorded")
+                                     "SDPA causal (FlashAttention)": [r["sdpa"] for r in rows]},
+            caption(rec["env"]))
 
 
 Tx, series, kind = pick(cpu=series_recorded, gpu=series_live)()
-fig, ax = plt.subplots(figsize=(5, 3.4))
-bench.plot_times(ax, Tx, series, title=f"forward, 32768 tokens, H=16, K=V=128, bf16 ({kind})")
+fig, ax = plt.subplots(figsize=(6, 3.8))
+bench.plot_times(ax, Tx, series, title=f"GLA forward, 32768 tokens, H = 16, K = V = 128, bf16\n{kind}")
+ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
+ax.xaxis.set_minor_locator(plt.NullLocator())
+ys = [0.25, 0.5, 1, 2, 4, 8]                  # plain numbers on the log axis, no 10^x minor labels
+ax.set_yticks(ys, [f"{y:g}" for y in ys])
+ax.yaxis.set_minor_locator(plt.NullLocator())
+ax.set_ylabel("forward time (ms, log scale)")
+fig.tight_layout()
 plt.show()
 print(bench.markdown_table(["T"] + list(series), [[t] + [s[i] for s in series.values()] for i, t in enumerate(Tx)]))
+cross = [t for t, o, a in zip(Tx, list(series.values())[0], list(series.values())[-1]) if o < a]
+print(f"ours faster than causal SDPA at T = {', '.join(map(str, cross)) or 'no length'}")
 
 # %% [markdown]
-# The shape of the paper's left panel is there, but it arrives later than we aimed for. In the
-# recorded run (H200, 15:53 UTC, commit `b1d9f6b`) softmax attention's time doubles with $T$
-# (0.298 → 7.69 ms) while ours stays at 1.79–2.61 ms. Ours is behind SDPA up to $T = 4096$ (1.81
-# against 0.925 ms) and ahead from $T = 8192$ on: 1.80 against 2.01 ms at 8k, 1.97 against 3.93 ms
-# at 16k, 2.61 against 7.69 ms at 32k. At 8k the margin is narrow: SDPA took 1.75 ms there in the
-# 15:04 UTC run (ahead of our 1.82 ms) and 1.93 ms in the 13:52 UTC run, so on which side of 8k
-# the crossing falls varies from run to run. Issue #5 asked for GLA faster than SDPA from
-# $T = 2048$ (the paper's GLA overtakes FlashAttention-2 between 2k and 4k, forward and backward
-# on an A100); at $T = 2048$ we take 1.79 ms against SDPA's 0.508 ms, and even FLA's 1.48 ms
-# overtakes SDPA only between 4k and 8k in this forward-only setting. That target is **not met**.
+# The shape of the paper's left panel is there: softmax attention's time doubles with $T$ while
+# GLA's stays nearly flat, so the lines cross. Where they cross depends on how fast each kernel
+# is: the paper's GLA overtakes FlashAttention-2 between 2k and 4k (forward and backward, on an
+# A100); in this forward-only setting on an H200 ours overtakes SDPA later (the printed line says
+# where), and so does FLA's `chunk_gla`. Near the crossing the two times are close, so which side
+# of it a length falls on can change from run to run. Our aim — GLA faster than SDPA from
+# $T = 2048$ — is not reached by these kernels.
 
 # %% [markdown]
 # ## 8. Figure 2, right: intra- against inter-chunk time as $C$ grows
@@ -428,15 +440,28 @@ tokens, heads = 32768, 16
 intra_gflop = [2 * tokens * heads * C_ * (Kd + Vd) / 2 / 1e9 for C_ in Cs]   # causal half of QKᵀ and AV
 inter_gflop = [2 * tokens * heads * 2 * Kd * Vd / 1e9 for C_ in Cs]            # K̃ᵀV and (Q⊙e^b)S
 steps = [8192 // C_ for C_ in Cs]                                              # chunks walked in order at T = 8192
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+
+
+def chunk_axis(ax, Cs):
+    """Chunk sizes on a log-2 axis, labelled 16 … 256 and nothing else (no minor tick labels)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(Cs, [str(x) for x in Cs])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set_xlabel("chunk size C (tokens)")
+
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
 ax1.plot(Cs, intra_gflop, "o-", label="intra (A and AV)")
 ax1.plot(Cs, inter_gflop, "s-", label="inter (states, QS)")
-ax1.set(xscale="log", xlabel="chunk size C", ylabel="GFLOP per forward", title="work")
-ax1.set_xticks(Cs, [str(x) for x in Cs])
+chunk_axis(ax1, Cs)
+ax1.set(ylabel="GFLOP per forward", title="work, 32768 tokens, H = 16, K = V = 128")
 ax1.legend()
 ax2.plot(Cs, steps, "o-", color="tab:red")
-ax2.set(xscale="log", yscale="log", xlabel="chunk size C", ylabel="sequential steps", title="state pass length, T = 8192")
-ax2.set_xticks(Cs, [str(x) for x in Cs])
+chunk_axis(ax2, Cs)
+ax2.set_yscale("log", base=2)
+ax2.set_yticks(steps, [str(x) for x in steps])
+ax2.yaxis.set_minor_locator(plt.NullLocator())
+ax2.set(ylabel="sequential steps (chunks)", title="state pass length, T = 8192")
 fig.tight_layout()
 plt.show()
 
@@ -445,22 +470,14 @@ plt.show()
 # 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our split: inter = cumulative gates + the state pass
 # (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
 # output kernel, which also does $QS$). On a GPU the next cell measures it live for
-# $C = 16\dots256$; on a CPU it shows the sweep recorded on the H200 in an **older** run
-# (2026-11-21 13:52 UTC, kernels at commit `7b209be`, `tools/bench.py --suite chunks`, $T = 8192$,
-# $B = 4$, states mode), which stops at $C = 64$.
+# $C = 16\dots256$; on a CPU it shows the recorded sweep (`tools/bench.py --suite chunks`,
+# $T = 8192$, $B = 4$, states mode; its caption names the run), which covers $C = 16\dots64$.
 #
-# $C = 128$ and $256$ run since commit `5763fe8`. The output step goes in row blocks of 64 rows
-# (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $A$ is
-# larger than $64\times64$. The state pass launches with the most software-pipeline stages that
-# fit in shared memory (`linattn.triton.common.launch`: 3, else 2, else 1). At $C = 256$, three
-# stages of the k, v and float32 gate tiles needed 257 KB, over the H200's 227 KB; before the fix
-# this cell failed there with "out of shared memory". At commit `b1d9f6b` the whole chapter ran
-# natively on the H200 (15:47–15:53 UTC, `tools/gpu_validate.sh`, all tests and notebooks
-# passed) and this cell swept $C = 16\dots256$, but its numbers were not saved. The recorded sweep
-# predates all this: it stopped at $C = 128$ on a logging bug in `tools/bench.py`
-# (`docs/perf_notes.md`), so $C = 128$ and $256$ have no recorded point. Since `7b209be` the intra
-# kernel's diagonal tiles have also changed (the column walk of §3). The anchors of §6 and §7 were
-# re-measured at `b1d9f6b`; this sweep was not.
+# $C = 128$ and $256$ need two things from the kernels. The output step goes in row blocks of 64
+# rows (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $A$ is
+# larger than $64\times64$. The state pass launches with the most software-pipeline stages that fit
+# in shared memory (`linattn.triton.common.launch`: 3, else 2, else 1): at $C = 256$, three stages
+# of the k, v and float32 gate tiles would need 257 KB, over the H200's 227 KB.
 
 # %%
 def sweep_live():
@@ -472,11 +489,16 @@ def sweep_live():
                                                    mode="states"))
         inter = bench.median_ms(lambda: gated.chunk_states(a3["k"], a3["v"], a3["g"], d3, chunk_size=C_))
         rows.append({"C": C_, "inter": inter, "intra": total - inter, "total": total})
-    return rows, "live"
+    return rows, "measured live"
 
 
 def sweep_recorded():
-    return (rec["chunks"]["rows"], "recorded") if rec and "chunks" in rec else (None, "not recorded")
+    sw = rec.get("chunks")
+    if not sw:
+        return None, "not recorded"
+    env = sw.get("env", rec["env"])
+    label = caption(env) + (f"; {env['kernels']}" if env.get("kernels") else "")
+    return sw["rows"], label
 
 
 sweep, kind = pick(cpu=sweep_recorded, gpu=sweep_live)()
@@ -484,31 +506,31 @@ if sweep is None:
     print("No GPU sweep recorded yet: run `python tools/bench.py --suite chunks --out book/data` on a GPU "
           "(it writes book/data/bench.json). The cost model above shows the expected shape.")
 else:
-    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    print("Sweep:", kind)
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
     ax.plot([r["C"] for r in sweep], [r["intra"] for r in sweep], "o-", label="intra")
     ax.plot([r["C"] for r in sweep], [r["inter"] for r in sweep], "s-", label="inter")
-    ax.set(xscale="log", xlabel="chunk size C", ylabel="ms", title=f"GLA forward, T = 8192 ({kind})")
-    ax.set_xticks([r["C"] for r in sweep], [str(r["C"]) for r in sweep])
+    chunk_axis(ax, [r["C"] for r in sweep])
+    ax.set(ylabel="time (ms)", title=f"GLA forward, states mode, T = 8192, B = 4\n{kind}")
+    ax.title.set_fontsize(8)
+    ax.set_ylim(bottom=0)
     ax.legend()
+    fig.tight_layout()
     plt.show()
     print(bench.markdown_table(["C", "inter", "intra", "total (states)", "fused"],
                                [[r["C"], r["inter"], r["intra"], r["total"], r.get("fused")] for r in sweep]))
-    if kind == "recorded" and rec["chunks"].get("note"):
-        print("note:", rec["chunks"]["note"])
+    fastest = min(sweep, key=lambda r: r["total"])
+    print(f"fastest recorded chunk size: C = {fastest['C']} ({fastest['total']:.2f} ms, states mode)")
 
 # %% [markdown]
-# In the older recorded sweep (13:52 UTC, commit `7b209be`) the **inter** half behaves as in the
-# paper: 0.971 → 0.733 → 0.619 ms as $C$ goes 16 → 32 → 64, since the sequential pass gets shorter (512 → 128 steps). The **intra**
-# half does not rise yet: 1.32, 1.39, 1.25 ms. We have not profiled it; a likely reading is that
-# over this range its growing term — the $C\times C$ matrix, $O(C(K+V))$ per token — is still
-# smaller than the parts that do not depend on $C$: the $(Q\odot e^{B})S$ product of the output
-# kernel ($O(KV)$ per token, which we count as intra) and the float32 diagonal tiles, whose size
-# is fixed by $c = 16$. The paper's rise of intra
-# time shows from $C = 64$ to $256$, the points the recorded sweep does not reach; on a GPU the
-# cell above measures them. Of the recorded sizes, $C = 64$ (the default) was the fastest, in
-# both modes (states 1.87 ms, fused 2.05 ms); the 15:53 UTC anchor run (commit `b1d9f6b`), at
-# $C = 64$ only, measured 1.79 and 2.07 ms at the same $T$. How the current kernels' intra and
-# inter halves behave over $C = 16\dots256$ has not been recorded.
+# In the recorded sweep the **inter** half behaves as in the paper: it falls as $C$ grows, since
+# the sequential pass gets shorter (512 → 128 steps from $C = 16$ to $64$). The **intra** half does
+# not rise yet over this range. A likely reading is that its growing term — the $C\times C$
+# matrix, $O(C(K+V))$ per token — is still smaller there than the parts that do not depend on $C$:
+# the $(Q\odot e^{B})S$ product of the output kernel ($O(KV)$ per token, which we count as intra)
+# and the float32 diagonal tiles, whose size is fixed by $c = 16$. The paper's rise of intra time
+# shows from $C = 64$ to $256$, beyond the recorded points; on a GPU the cell above measures them.
+# The library's default chunk, $C = 64$, is the fastest recorded size.
 
 # %% [markdown]
 # ## Summary
@@ -521,28 +543,18 @@ else:
 #   finite for log-gates of −20 per token.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
-#   at any $T$. Measured on an H200 (2026-11-21 15:53 UTC, commit `b1d9f6b`): for linear
-#   attention fused wins up to $T = 8192$ (0.282 ms, ahead of FLA) and states beyond; for
-#   per-dimension GLA states wins at every $T$ (1.79–1.81 against 2.07 ms up to 8k).
-#   `mode="auto"` (fused for linear attention and per-head gates while its grid has more programs
-#   than half the SMs, states for per-dimension gates) picked the faster mode at every $T$ for
-#   both; for `simple_gla` at $T = 8192$ its pick (fused, 0.494 ms) and states (0.489 ms) are
-#   about equal.
-# * Issue #5's targets (KDA's are in chapter 11): forward ≤ FLA at every $T$ — **not met**: linear
-#   attention is under FLA up to $T = 16384$ (0.67–0.98×) and over at 32768 (1.08×), `simple_gla`
-#   under up to 4096 only (0.74×; 1.19–1.71× beyond), GLA 1.13–1.22× FLA at every $T$; GLA ≤ 2× the
-#   memory floor — **not met** (9.5–13.8×); GLA faster than causal SDPA from $T = 2048$ — **not
-#   met** (ahead from 8192 on, narrowly at 8192): the paper's Figure 2, left, in shape, not yet
-#   at the speed we aimed for.
+#   at any $T$. On an H200 fused wins for linear attention while its grid is full and states
+#   beyond; for per-dimension GLA states wins at every $T$. `mode="auto"` encodes that rule.
+# * Against FLA and softmax attention (recorded run, §6–7): linear attention is ahead of FLA while
+#   the fused grid is full; GLA is behind FLA at every length and overtakes causal SDPA only at
+#   long sequences — the paper's Figure 2, left, in shape, not at the speed we aim for.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
-#   ($\propto T/C$): the paper's Figure 2, right. Recorded for $C = 16\dots64$ in the older run
-#   (13:52 UTC, commit `7b209be`): inter falls as predicted, intra stays flat, $C = 64$ is
-#   fastest. $C = 128$ and $256$ now run (row-blocked output, a state pass with the pipeline
-#   stages that fit) and the cell sweeps them live on a GPU; a recorded sweep with the current
-#   kernels is still to be made.
+#   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep inter falls as predicted,
+#   intra stays flat, and $C = 64$ is fastest; on a GPU the sweep runs live up to $C = 256$.
 #
-# The recorded numbers are in `book/data/bench.json` (H200, torch 2.11.0+cu130, triton 3.6.0,
-# FLA 0.6.0; anchors 2026-11-21 15:53 UTC at commit `b1d9f6b`, the chunk sweep 13:52 UTC at
-# `7b209be`); notes on what was measured and how are in `docs/perf_notes.md`. There is no graded
-# workbook for this chapter yet; a good exercise is to write `_diagonal_tile` yourself and check
-# it against `linattn.chunk.gated.intra_chunk_matrix` restricted to the diagonal tiles.
+# Notes on how the recorded numbers were measured are in `docs/perf_notes.md`.
+#
+# **Workbook:** [`exercises/10_gla_triton.py`](../exercises/10_gla_triton.py) — build the
+# cumulative gates, the intra-chunk tiles and the state pass yourself, checked against this
+# chapter's library functions. A further exercise: write `_diagonal_tile` yourself and check it
+# against `linattn.chunk.gated.intra_chunk_matrix` restricted to the diagonal tiles.

@@ -327,104 +327,108 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
 # %% [markdown]
 # ## 8. Speed against flash-linear-attention
 #
-# The anchor setting (`ANCHORS.md`): H200, bf16, 16 heads, $K=V=128$, $B\cdot T = 32768$ tokens,
-# forward only, gates $\log\sigma(x)/16$; FLA 0.6.0 in the same run on the same inputs. On a CPU
-# this section shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`:
-# NVIDIA H200, 2026-11-21 15:53 UTC, torch 2.11.0+cu130, triton 3.6.0, FLA 0.6.0, the kernels of
-# this chapter at commit `b1d9f6b`), then an earlier run of an **older kernel version**
-# (`book/data/11_kda_triton.json`, commit `8c12ca0`) for comparison; on a GPU it also times our
-# kernels live at one length (and FLA, if it is installed).
+# The benchmark setting: bf16, 16 heads, $K=V=128$, $B\cdot T = 32768$ tokens, forward only, gates
+# $\log\sigma(x)/16$, flash-linear-attention (FLA) timed in the same run on the same inputs. On a
+# CPU this section shows the recorded run of `tools/bench.py --suite anchors`
+# (`book/data/bench.json`, the run of chapters 09 and 10; the caption names device, date and
+# versions); on a GPU it also times our kernels live at one length (and FLA, if it is installed).
 
 # %%
-def recorded():
-    """The latest recorded GPU run: tools/bench.py's anchor suite (bench.json) if it holds the
-    delta-rule ops, else this chapter's own run (11_kda_triton.json)."""
-    res = bench.recorded_run("bench.json")
-    if res:
-        names = {"delta_rule": "delta", "gated_delta_rule": "gdn", "kda": "kda"}
-        got = {}
-        for r in res.get("anchors", {}).get("rows", []):
-            if r["op"] in names and r.get("triton") and r.get("fla"):
-                row = got.setdefault(r["T"], {"T": r["T"]})
-                row[names[r["op"]]], row[names[r["op"]] + "_fla"] = r["triton"], r["fla"]
-        rows = [r for r in got.values() if len(r) == 7]
-        if rows:
-            commit = res["env"].get("commit")
-            if not commit:  # older files named the commit in a note
-                notes = [n.split("Triton kernels at ")[-1] for n in res["anchors"].get("notes", [])
-                         if "Triton kernels at " in n]
-                commit = notes[0] if notes else None
-            env = dict(res["env"], kernel="current kernels, " + (f"commit {commit}" if commit else "bench.json"))
-            return {"env": env, "base": sorted(rows, key=lambda r: r["T"])}
-    return older_run()
+def caption(env):
+    """Where and with what a recorded run was made: device, date, software versions."""
+    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+            f"FLA {env['fla']}")
 
 
-def older_run():
-    """The first recorded run of these kernels (commit 8c12ca0): an OLDER kernel version."""
-    return bench.recorded_run("11_kda_triton.json")
-
-
-rec = recorded()
-print("recorded:", rec["env"]["device"], "·", rec["env"]["date"], "· torch", rec["env"]["torch"],
-      "· triton", rec["env"]["triton"], "· FLA", rec["env"]["fla"], "·", rec["env"].get("kernel", ""))
-rows = rec["base"]
+NAMES = {"delta_rule": "delta", "gated_delta_rule": "gdn", "kda": "kda"}
+LABELS = {"delta": "DeltaNet", "gdn": "Gated DeltaNet", "kda": "KDA"}
+rec = bench.recorded_run("bench.json")
+got = {}
+for r in rec["anchors"]["rows"]:
+    if r["op"] in NAMES:
+        row = got.setdefault(r["T"], {"T": r["T"]})
+        row[NAMES[r["op"]]], row[NAMES[r["op"]] + "_fla"] = r["triton"], r["fla"]
+        row[NAMES[r["op"]] + "_floor"], row[NAMES[r["op"]] + "_err"] = r.get("floor"), r.get("rel_err_triton")
+rows = sorted(got.values(), key=lambda r: r["T"])
 Ts = [r["T"] for r in rows]
-fig, ax = plt.subplots(figsize=(7, 3.6))
-for op, label, color in [("delta", "DeltaNet", "C0"), ("gdn", "Gated DeltaNet", "C1"), ("kda", "KDA", "C2")]:
-    ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{label}: linattn")
-    ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{label}: FLA 0.6.0")
-ax.set_xscale("log", base=2); ax.set_xlabel("T (B = 32768 / T)"); ax.set_ylabel("forward ms")
-ax.set_title(f"H200, bf16, H=16, K=V=128 (recorded {rec['env']['date']}, "
-             f"{rec['env'].get('kernel', '')})", fontsize=9)
-ax.legend(fontsize=7, ncol=2)
+print("Recorded run:", caption(rec["env"]))
+fig, ax = plt.subplots(figsize=(7, 3.8))
+for op, color in [("delta", "C0"), ("gdn", "C1"), ("kda", "C2")]:
+    ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{LABELS[op]}: linattn")
+    ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{LABELS[op]}: FLA")
+ax.set_xscale("log", base=2)
+ax.set_xticks(Ts, [f"{t // 1024}k" for t in Ts])
+ax.xaxis.set_minor_locator(plt.NullLocator())
+ax.set_xlabel("sequence length T (B = 32768 / T)")
+ax.set_ylabel("forward time (ms)")
+ax.set_ylim(bottom=0)
+ax.set_title(f"bf16, H = 16, K = V = 128 — {caption(rec['env'])}", fontsize=9)
+ax.legend(fontsize=7, ncol=3)
+fig.tight_layout()
 plt.show()
 print("linattn / FLA, ms (ratio):")
-print(" T      " + "  ".join(f"{n:>26s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
+print(" T      " + "  ".join(f"{LABELS[o]:>26s}" for o in LABELS))
 for r in rows:
     print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:4.2f}×)"
-                                       for o in ("delta", "gdn", "kda")))
+                                       for o in LABELS))
 
 # %% [markdown]
-# Read plainly (H200, 2026-11-21 15:53 UTC, commit `b1d9f6b`): **our delta-rule kernels are
-# still slower than FLA's, by 1.11–1.85×.** DeltaNet takes 1.11–1.75 ms against FLA's 1.00–1.51 ms
-# (1.11–1.20×), Gated DeltaNet 1.33–2.22 ms against 0.84–1.59 ms (1.39–1.58×), and KDA
-# 3.19–4.05 ms against 1.73–2.71 ms (1.49–1.85×; the gap is largest at short $T$). Issue #5's
-# target for KDA — forward no slower than FLA at every $T$ — is **not met** at any length; it sets
-# no speed target for DeltaNet or Gated DeltaNet. Against the HBM floor (every input read once and
-# the output written once at the 4.25 TB/s copy bandwidth measured in the same run) KDA takes
-# 16.8–21.4× its 0.190 ms, DeltaNet 8.8–13.8× and Gated DeltaNet 10.5–17.5× their 0.127 ms. The
-# outputs are right: relative error 3.9–4.8·10⁻³ against the chunk level (float32) on the same
-# bf16 inputs, within the bf16 tolerance; and the same session ran the whole native test suite and
-# every chapter, this one included, through nbval at commit `b1d9f6b` (920 tests and 208 notebook
-# cells passed, none failed). An earlier run, at commit `30738f4` (15:04 UTC), timed the same
-# delta-rule kernels — between the two commits only the chunk-size limit of section 1 was added —
-# and differs from this one by at most 2 %: run-to-run variation.
-#
-# An earlier recorded run (commit `7b209be`, 13:52 UTC the same day, same H200 and software)
-# timed the kernel before the rewrite of sections 1–3: DeltaNet 3.95–4.62 ms, Gated DeltaNet
-# 4.38–5.22 ms, KDA 12.0–12.8 ms; at the same lengths the current kernels are 2.6–3.6×, 2.4–3.3×
-# and 3.2–3.8× faster (the most at short $T$). The first version of these kernels (commit
-# `8c12ca0`), timed on an H200 at 12:47 UTC, is kept in `book/data/11_kda_triton.json`. It is an
-# **older kernel**, not the one this chapter runs:
+# The facts, read from the recorded numbers:
 
 # %%
-old = older_run()
-print("older kernel:", old["env"]["kernel"], "·", old["env"]["device"], "·", old["env"]["date"])
+for o in LABELS:
+    ratio = [r[o] / r[o + "_fla"] for r in rows]
+    floor = [r[o] / r[o + "_floor"] for r in rows if r[o + "_floor"]]
+    errs = [r[o + "_err"] for r in rows if r[o + "_err"] is not None]
+    worst = max(rows, key=lambda r: r[o] / r[o + "_fla"])["T"]
+    print(f"{LABELS[o]:15s} linattn/FLA {min(ratio):.2f}–{max(ratio):.2f}× (widest gap at T = {worst}); "
+          f"{min(floor):.1f}–{max(floor):.1f}× the memory floor; "
+          f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
+
+# %% [markdown]
+# Read plainly: **our delta-rule kernels are correct and slower than FLA's**, DeltaNet the least
+# and KDA the most, with KDA's gap widest at short $T$, where stage 1 (every chunk at once) is
+# most of the work. Our aim for KDA — a forward no slower than FLA's at every $T$ — is not met by
+# these kernels. Against the memory floor (every input read once and the output written once at
+# the copy bandwidth measured in the same run) all three are an order of magnitude away: stage 1
+# does many small dense products per chunk, far more work than the bytes it moves.
+# The relative errors are within the bf16 tolerance ($10^{-2}$).
+#
+# **Three designs of stage 1.** How the same algebra is laid out in registers decides the speed,
+# and only a GPU shows it. Three designs of stage 1, each correct in the interpreter:
+#
+# 1. **One kernel on rank-3 and rank-4 register tensors** (`[C/16, 16, K]`, pulling row $j$ of a
+#    block out with a masked sum) — natural in NumPy. Natively it faulted in bf16, and the scores
+#    took most of KDA's time (the table below, recorded on an H200).
+# 2. **One kernel on 2-D tiles only**, blocks moved in and out of the $C\times C$ matrix by exact
+#    dots with 0/1 matrices and a serial inverse. No fault, but still slow: KDA about 12 ms at
+#    $T = 1$k, DeltaNet 3–4× slower than design 1; a per-kernel profile (`tools/profile_ops.py`)
+#    put nearly all of it in that one kernel, in the placement dots and the serial inverse.
+# 3. **Three plain kernels** (scores, block inverse, $W$/$U$; sections 1–3), every block moved
+#    through memory by pointer, never placed or extracted in registers: the kernels this chapter
+#    runs, and the recorded run above.
+#
+# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against design 3:
+
+# %%
+old = bench.recorded_run("11_kda_triton.json")
+print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
 now = {r["T"]: r for r in rows}
-print("ms, older kernel → now (now / older):")
-print(" T      " + "  ".join(f"{n:>28s}" for n in ("DeltaNet", "Gated DeltaNet", "KDA")))
+print("ms, design 1 → design 3 (design 3 / design 1):")
+print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
 for r in old["base"]:
     if r["T"] in now:
         print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:4.2f}×)"
-                                           for o in ("delta", "gdn", "kda")))
+                                           for o in LABELS))
+for st in old.get("stages", []):
+    print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
 # %% [markdown]
-# The first version ran DeltaNet in 0.87–1.47 ms, level with FLA in its run (1.00–1.51 ms), and
-# Gated DeltaNet in 0.88–1.53 ms (FLA 0.84–1.45). The current kernels are **still slower than that
-# first version for the scalar-gate cases**: 1.19–1.32× for DeltaNet and 1.44–1.57× for Gated
-# DeltaNet at the four lengths both runs timed. For KDA they are 4.1–4.7× faster (14.9 → 3.20 ms
-# at $T = 1$k). Why DeltaNet and Gated DeltaNet lost ground against the first version was not
-# profiled: the first version's stage timings exist for KDA only (below).
+# For KDA, design 3 is several times faster than design 1, whose one stage-1 kernel
+# (`_wy_kernel`) took almost all of KDA's time. For DeltaNet and Gated DeltaNet, whose scores
+# carry no per-dimension decay, design 1 was *faster* than design 3. A likely reason: its one
+# kernel kept the chunk's blocks on chip, where design 3 writes and re-reads them between three
+# kernels (not profiled separately).
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
@@ -439,9 +443,9 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# **Where the time goes.** A per-kernel profile of the current kernels (`tools/profile_ops.py`,
-# H200, $T = 1$k, ms) was taken **before the last change (the KDA diagonal fast path: the float32
-# dot split at the sub-chunk's first token, section 2), which the table's run includes**:
+# **Where the time goes.** A per-kernel profile of design 3 (`tools/profile_ops.py`, H200, bf16,
+# triton 3.6, 2026-11-21, $T = 1$k, ms). The KDA row was profiled with every diagonal block built
+# column by column, without the float32 dot of section 2 (the recorded run above has it):
 #
 # | | scores | inverse | W/U | state pass | output | total | FLA total |
 # |---|---|---|---|---|---|---|---|
@@ -451,43 +455,18 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 # For DeltaNet at $T = 1$k no one kernel dominates: the block inverse is the largest (0.333 ms),
 # and the three kernels of stage 1 together take 0.681 ms, 60% of the total. At $T = 32$k the state
 # pass is DeltaNet's largest kernel, 0.870 ms against 0.700 ms for FLA's state pass. For KDA the
-# scores kernel alone (1.684 ms) took about as long as FLA's whole forward (1.719 ms); that is the
-# kernel the fast path changed. How much of its time the fast path removed has not been profiled:
-# the table's 3.20 ms at $T = 1$k is below the profile's 3.385 ms, but the two come from different
-# tools and runs. KDA's W/U kernel (0.832 ms against DeltaNet's 0.235) was not profiled further.
+# column-by-column scores kernel alone (1.684 ms) takes about as long as FLA's whole forward
+# (1.719 ms): that is the kernel the float32 dot of section 2 shortens. KDA's W/U kernel (0.832 ms
+# against DeltaNet's 0.235) is the next candidate.
 #
-# For contrast, the stage timings of the **older kernel** (commit `8c12ca0`), where stage 1 was
-# one kernel:
-
-# %%
-for st in old.get("stages", []):
-    print(f"older kernel, {st['op']:4s} T={st['T']:5d}: "
-          + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
-
-# %% [markdown]
-# **A lesson from the first native run.** The first version of stage 1 built the diagonal blocks
-# and the 16×16 inverses on rank-3 and rank-4 register tensors (`[C/16, 16, K]`, pulling row $j$
-# out with a masked sum) — natural in NumPy, and correct in the interpreter. On the H200 that
-# kernel took 13.4 ms of KDA's 14.9 ms at $T=1$k (FLA: 1.8 ms; commit `8c12ca0`), and faulted in
-# bf16. Its replacement (commit `7b209be`) used 2-D tiles only: row $j$ of a block re-read from
-# memory (it sits in L1/L2) instead of being extracted from registers, and blocks moved in and out
-# of the $C\times C$ matrix through exact dots with 0/1 matrices. The bf16 fault was gone, but in
-# the 13:52 UTC run KDA still took 12.0 ms at $T=1$k and DeltaNet had become 3.1–4.6× slower
-# than the first version. A per-kernel profile of that kernel (`tools/profile_ops.py`, 14:20 UTC,
-# `docs/perf_notes.md`) put nearly all of it in the one stage-1 kernel, the one with the placement
-# dots and the serial inverse. Hence the kernels this chapter now runs (sections 1–3): stage 1
-# split into three plain kernels, blocks moved through memory by pointer, never placed or
-# extracted in registers — 3.20 ms for KDA and 1.11 ms for DeltaNet at $T = 1$k in the table above.
-# The interpreter can check correctness, but only the GPU can say what a register layout costs.
-#
-# Between GPU runs, one cost can still be seen on a CPU: Triton compiles for a GPU it does not
-# have (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
+# One cost can be seen on a CPU without a GPU: Triton compiles for a GPU it does not have
+# (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
 # `cuobjdump --dump-resource-usage` on the cubin reports registers and spill stack. That is how
-# the IEEE float32 products of the inverse were found to cost an 81 KB spill stack and minutes of
-# compilation (they run on the FMA units with operand tiles copied across threads), and replaced
-# by `tf32x3` tensor-core products. The CPU can see spills and compile time, not speed: the
-# slowdown of the `7b209be` kernel showed only in the GPU run, and only a GPU profile said which
-# kernel it was in.
+# the IEEE float32 products of the inverse show their cost — an 81 KB spill stack and minutes of
+# compilation (they run on the FMA units with operand tiles copied across threads) — and why the
+# kernels use `tf32x3` tensor-core products there. The CPU sees spills and compile time, not
+# speed: the slowness of design 2 shows only on a GPU, and only a GPU profile says which kernel it
+# is in.
 
 # %% [markdown]
 # ## Summary
@@ -507,14 +486,11 @@ for st in old.get("stages", []):
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
-# * Measured on an H200 (2026-11-21 15:53 UTC, commit `b1d9f6b`): correct (the whole native
-#   suite passed in the same session), and slower than FLA 0.6.0 — DeltaNet 1.11–1.20×, Gated
-#   DeltaNet 1.39–1.58×, KDA 1.49–1.85×. Issue #5's target for KDA (no slower than FLA at every
-#   $T$) is not met. Against the run before the rewrite (commit `7b209be`: 3.95–4.62, 4.38–5.22
-#   and 12.0–12.8 ms) the kernels are 2.4–3.8× faster; against the first version (commit
-#   `8c12ca0`) KDA is 4.1–4.7× faster, DeltaNet and Gated DeltaNet still 1.2–1.6× slower (not
-#   profiled why). In a profile taken before the KDA diagonal fast path, KDA's scores kernel
-#   alone took about as long as FLA's whole forward at $T = 1$k.
+# * Measured on an H200 (the recorded run of section 8): correct, and slower than FLA — DeltaNet
+#   the least, KDA the most; the aim for KDA (no slower than FLA at every $T$) is not met. How
+#   stage 1 is laid out in registers decides the speed: three plain kernels with blocks moved
+#   through memory are several times faster for KDA than one kernel on rank-3 register tensors.
 #
-# This chapter has no workbook of its own: the algebra it compiles is exercised in the workbooks
-# of the delta-rule chapters; the kernels' tests are `tests/test_triton_delta.py`.
+# **Workbook:** [`exercises/11_kda_triton.py`](../exercises/11_kda_triton.py) — write the
+# stage-1 kernels and the state pass yourself, checked against the library's. The kernels' own
+# tests are `tests/test_triton_delta.py`.

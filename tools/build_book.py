@@ -9,11 +9,13 @@ Stops with a non-zero exit if any chapter fails.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import jupytext
 import nbclient
+from jupyter_client.manager import KernelManager
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "_build" / "book"
@@ -23,8 +25,13 @@ def execute(path: Path) -> float:
     nb = jupytext.read(str(path))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     t0 = time.perf_counter()
-    nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    # The kernel talks to us over local IPC sockets (files in a temporary directory), not TCP:
+    # nothing leaves the machine, and ipykernel has no unencrypted TCP port to warn about.
+    # `ip` is the sockets' path prefix; absolute, since the kernel runs in book/ and we do not.
+    with tempfile.TemporaryDirectory(prefix="linattn-kernel-") as sockets:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+        nbclient.NotebookClient(nb, km=km, timeout=1800,
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
     OUT.mkdir(parents=True, exist_ok=True)
     jupytext.write(nb, str(OUT / (path.stem + ".ipynb")), fmt="ipynb")
     return time.perf_counter() - t0
