@@ -8,6 +8,7 @@ button) goes through.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import traceback
@@ -111,7 +112,7 @@ def _grade_case(ex: Exercise, fn, case: Case, limit=None):
 
 def _run_reader(fn, args, kwargs, limit):
     def call():
-        with outputs.poisoned(), bounds.checked():
+        with outputs.poisoned(), _poisoned_empty(), bounds.checked():
             return fn(*args, **kwargs)
 
     try:
@@ -128,6 +129,26 @@ def _run_reader(fn, args, kwargs, limit):
                            "notebook's kernel)") from None
     except Exception as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
         raise _ReaderError(_describe_exception(e)) from None
+
+
+@contextlib.contextmanager
+def _poisoned_empty():
+    """torch.empty / torch.empty_like come back NaN-filled (-1 for integers) while the reader's
+    code runs, as linattn.outputs.empty does: an output element a kernel never writes then shows
+    as NaN instead of passing by luck (fresh memory is often zeros or an earlier correct result)."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point() or t.is_complex():
+            return t.fill_(float("nan"))
+        return t if t.dtype == torch.bool else t.fill_(-1)
+
+    torch.empty = lambda *a, **kw: fill(real_empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: fill(real_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = real_empty, real_like
 
 
 def _changed_inputs(ex, fn, case, args, kwargs) -> str:
@@ -179,10 +200,15 @@ def _diagnose(ex: Exercise, case: Case, got, truth, tol) -> str:
 
 
 def _same(got, made, tol) -> bool:
+    """Equal within tol; NaN/inf must sit at the same places (an overflow, unwritten rows)."""
     if got is None or made is None:
         return got is made
-    return (isinstance(got, torch.Tensor) and got.shape == made.shape
-            and testing.rel_err(got, made) <= tol)
+    if not (isinstance(got, torch.Tensor) and got.shape == made.shape):
+        return False
+    ok_got, ok_made = torch.isfinite(got), torch.isfinite(made)
+    if not torch.equal(ok_got, ok_made):
+        return False
+    return not bool(ok_got.any()) or testing.rel_err(got[ok_got], made[ok_made]) <= tol
 
 
 def _compare(label, got, expect, truth, tol):
@@ -197,7 +223,8 @@ def _compare(label, got, expect, truth, tol):
     if not torch.isfinite(got).all():
         bad = (~torch.isfinite(got)).sum().item()
         pos = list(testing.worst_position(got, truth))
-        return (f"{label} has {bad} NaN/inf element(s), first bad near {pos} "
+        return (f"{label} has {bad} NaN/inf element(s) of {got.numel()}, worst near {pos}, "
+                f"all within {_box(~torch.isfinite(got))} "
                 "(NaN also marks elements your function never wrote)"), float("inf")
     err = testing.rel_err(got, truth)
     if err > tol:
@@ -209,6 +236,13 @@ def _compare(label, got, expect, truth, tol):
 
 _NOT_READER = (os.sep + os.path.join("linattn", "grade") + os.sep, os.sep + "triton" + os.sep,
                os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep)
+
+
+def _box(bad) -> str:
+    """The index ranges, per axis, that hold every True element of `bad`: '[0, 32:37, 0:2, 0:16]'."""
+    idx = bad.nonzero()
+    lo, hi = idx.min(0).values.tolist(), idx.max(0).values.tolist()
+    return "[" + ", ".join(str(a) if a == b else f"{a}:{b + 1}" for a, b in zip(lo, hi)) + "]"
 
 
 def _describe_exception(e: Exception) -> str:
