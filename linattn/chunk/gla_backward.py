@@ -27,7 +27,8 @@ runs inside each chunk only, over C terms: the same sum taken over the whole seq
 T terms that largely cancel. Per-head gates: the per-dimension gradient summed over K.
 
 Precision: the backward computes in the accumulation dtype (float32, float64 for float64 inputs)
-without rounding matmul operands to `inter_dtype`; gradients are returned in each input's dtype.
+without rounding matmul operands to `inter_dtype` (the chunk states it reads are the forward's,
+rounding included); gradients are returned in each input's dtype.
 """
 from __future__ import annotations
 
@@ -72,12 +73,13 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     Gam = one if gd is None else decay.key_decay(gd)                  # [B, H, N, C, K or 1] Γ
     gam = None if gd is None else decay.total_decay(gd)               # [B, H, N, K or 1]    γ
 
-    # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop).
+    # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
+    # exactly as the forward computed them, operand rounding included: both give one gradient.
     if kept:
         Sin, S_last = kept                                            # [B, H, N, K, V], [B, H, K, V]
     else:
         S0 = initial(initial_state, d, dev)
-        Sin, S_last = _state_pass(kc * Gam, vc, gam, S0, d.acc)
+        Sin, S_last = _state_pass(kc * Gam, vc, gam, S0, plan.mm)
 
     # Reverse pass over the chunk states: dS_out[n] is the gradient of the state after chunk n.
     q_abs = qc * lam                                                  # [B, H, N, C, K]  Q̂ ⊙ Λ
@@ -90,38 +92,56 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     dS_out = torch.stack(dS_out[::-1], dim=2)                         # [B, H, N, K, V]
     dS0 = dS                                                          # [B, H, K, V]
 
-    # Intra-chunk tiles.
-    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc)               # [B, H, N, C, C]
+    # Intra-chunk tiles. The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient
+    # its terms cancel exactly (q̂_i dP_ii k_i − k_i dP_ii q̂_i), so they are never added in.
+    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc).tril(-1)     # [B, H, N, C, C] i > j
+    dP_ii = (doc * vc).sum(-1, keepdim=True)                          # [B, H, N, C, 1]
     if gc is None or gc.dim() == qc.dim() - 1:
         # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
         D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
         P = (qc @ kc.transpose(-1, -2)) * D                           # [B, H, N, C, C]
         dPD = dP * D                                                  # [B, H, N, C, C]
-        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each
+        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
     else:
         P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=plan.c, inter_dtype=d.acc)
-        dq_in = decayed_rows(dP, kc, gc, plan.c)                      # [B, H, N, C, K]
-        dk_in = decayed_cols(dP, qc, gc, plan.c)                      # [B, H, N, C, K]
+        dq_in = decayed_rows(dP, kc, gc, plan.c)                      # [B, H, N, C, K]  j < i
+        dk_in = decayed_cols(dP, qc, gc, plan.c)                      # [B, H, N, C, K]  i > j
 
     dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
-    dqc = dq_in + lam * (doc @ Sin.transpose(-1, -2))                 # [B, H, N, C, K]  dQ̂
-    dkc = dk_in + Gam * (vc @ dS_out.transpose(-1, -2))               # [B, H, N, C, K]
+    read = lam * (doc @ Sin.transpose(-1, -2))                        # [B, H, N, C, K]  from S_[n-1]
+    write = Gam * (vc @ dS_out.transpose(-1, -2))                     # [B, H, N, C, K]  into S_[n]
+    dqc = dq_in + dP_ii * kc + read                                   # [B, H, N, C, K]  dQ̂
+    dkc = dk_in + dP_ii * qc + write                                  # [B, H, N, C, K]
 
     grads = [_out(dqc * d.scale, q, d.T), _out(dkc, k, d.T), _out(dv, v, d.T), None, None]
     if g is not None and g.requires_grad:
-        # db_t = q̂ ⊙ dq̂ − k ⊙ dk, plus the γ term at the chunk's last position; then dg = suffix sum.
-        S_after = torch.cat([Sin[:, :, 1:], S_last[:, :, None]], dim=2)  # [B, H, N, K, V]
-        db = qc * dqc - kc * dkc                                      # [B, H, N, C, K]
-        db[..., -1, :] += (S_after * dS_out).sum(-1)
-        dg = db.flip(-2).cumsum(-2).flip(-2)                          # [B, H, N, C, K]
-        if gc.dim() == qc.dim() - 1:
-            dg = dg.sum(-1)                                           # [B, H, N, C] per head
-        grads[3] = _out(dg, g, d.T)
+        grads[3] = _out(gate_gradient(qc, kc, dq_in, dk_in, read, write, Sin, dS_out, gam, gc), g, d.T)
     if initial_state is not None and initial_state.requires_grad:
         dS0_out = outputs.empty(tuple(initial_state.shape), dtype=initial_state.dtype, device=dev)
         dS0_out[:] = dS0
         grads[4] = dS0_out
     return grads
+
+
+def gate_gradient(qc, kc, dq_in, dk_in, read, write, Sin, dS_out, gam, gc):
+    """dg [B, H, N, C, K] (or [B, H, N, C] per head) from the pieces of dQ̂ and dK, chunk by chunk.
+
+    The closed form, dg_s = Σ_{t ≥ s} (q̂_t ⊙ dq̂_t − k_t ⊙ dk_t) + Σ_v S_[n] ⊙ dS_[n], is evaluated
+    without its cancelling terms: the diagonal of dP is left out of dq̂ and dk (it cancels term by
+    term), and since S_[n] = diag(γ) S_[n-1] + Σ_j (k_j ⊙ Γ_j)ᵀ v_j, the state term minus the
+    write part of Σ_{t ≥ s} k_t ⊙ dk_t leaves the writes *before* s: an exclusive prefix sum.
+        dg_s = Σ_{t ≥ s} (q̂_t ⊙ (dq̂_t^{j<t} + read_t) − k_t ⊙ dk_t^{i>t})
+             + Σ_v (diag(γ) S_[n-1] ⊙ dS_[n]) + Σ_{j < s} k_j ⊙ write_j.
+    Under strong gates the true gradient is tiny where the raw closed form subtracts O(1) numbers.
+    """
+    db = qc * (dq_in + read) - kc * dk_in                            # [B, H, N, C, K]
+    dg = db.flip(-2).cumsum(-2).flip(-2)                              # Σ_{t ≥ s}
+    kw = kc * write                                                   # [B, H, N, C, K]
+    before = torch.cat([torch.zeros_like(kw[..., :1, :]), kw[..., :-1, :]], dim=-2).cumsum(-2)
+    dg = dg + before                                                  # Σ_{j < s}, shifted, not cumsum − kw
+    carried = Sin if gam is None else gam[..., None] * Sin            # [B, H, N, K, V] diag(γ) S_[n-1]
+    dg = dg + (carried * dS_out).sum(-1)[:, :, :, None, :]            # same for every s in the chunk
+    return dg.sum(-1) if gc.dim() == qc.dim() - 1 else dg
 
 
 def decayed_rows(A, X, g, c):
