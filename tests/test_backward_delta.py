@@ -144,13 +144,19 @@ def test_only_final_state_or_only_output_used():
                 leaves[n].grad.abs().max(), (use, n)
 
 
-def test_grad_free_calls_run_the_plain_forward():
+def test_grad_free_calls_run_the_plain_forward(monkeypatch):
+    """The autograd.Function only when a gradient is wanted: otherwise no overhead, no saved inputs."""
+    from linattn.chunk import delta_backward
+
+    def used(*args):
+        raise RuntimeError("DeltaChunkFunction used")
+
     a = inputs("kda", "per_head", B=1, T=10, H=1, K=4, V=4, dtype=torch.float32)
-    a["q"].requires_grad_(True)
-    o, _ = chunk.kda(**a)
+    o, _ = chunk.kda(**{**a, "q": a["q"].clone().requires_grad_(True)})
     assert type(o.grad_fn).__name__ == "DeltaChunkFunctionBackward"
+    monkeypatch.setattr(delta_backward.DeltaChunkFunction, "apply", used)
+    chunk.kda(**a)                                                     # nothing requires grad
     with torch.no_grad():
-        o, _ = chunk.kda(**a)
-    assert o.grad_fn is None
-    o, _ = chunk.kda(**{**a, "q": a["q"].detach()})
-    assert o.grad_fn is None
+        chunk.kda(**{**a, "q": a["q"].clone().requires_grad_(True)})
+    with pytest.raises(RuntimeError, match="used"):
+        chunk.kda(**{**a, "q": a["q"].clone().requires_grad_(True)})
