@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 
 def timeit(fn, *, warmup: int = 2, rep: int = 7) -> float:
@@ -51,6 +54,60 @@ def fastest_ms(fn, runs: int = 5) -> float:
         return min(timeit(fn, warmup=0, rep=1) for _ in range(runs))
     finally:
         torch.set_num_threads(threads)
+
+
+def memory_use(fn) -> tuple:
+    """(peak, held) bytes of fn(): the most memory it holds at once beyond what was allocated when
+    it started, and what is still allocated when it returns (its result kept alive: for a forward
+    with grad, the outputs plus what autograd keeps for the backward).
+
+    GPU: torch.cuda's allocator counters. CPU (PyTorch keeps no such counter there): every tensor
+    storage an operation creates during fn — forward and backward, `.grad` included — counted from
+    its creation until it is freed; outputs that alias an existing tensor (views, in-place ops) add
+    nothing. What an operation allocates and frees inside itself (scratch space) is not seen."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        result = fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    with _StorageTracker() as tracker:
+        result = fn()
+    del result
+    return tracker.peak, tracker.held
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Adds up the storages created by the operations run under it, minus those freed since."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak, self.held = {}, 0, 0, 0         # data pointer → bytes
+
+    def __exit__(self, *exc):
+        self.held = self.now                                           # before fn's result is dropped
+        return super().__exit__(*exc)
+
+    def _freed(self, ptr):
+        self.now -= self.live.pop(ptr, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0]
+                  if isinstance(x, torch.Tensor)}
+        for x in tree_flatten(out)[0]:
+            if not isinstance(x, torch.Tensor):
+                continue
+            st = x.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr in inputs or ptr in self.live or st.nbytes() == 0:
+                continue                                               # an alias, or counted already
+            self.live[ptr] = st.nbytes()
+            self.now += st.nbytes()
+            self.peak = max(self.peak, self.now)
+            weakref.finalize(st, self._freed, ptr)                     # fires when the storage is freed
+        return out
 
 import json  # noqa: E402
 import os  # noqa: E402
