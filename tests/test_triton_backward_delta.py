@@ -26,7 +26,7 @@ SHAPES = [
 if GPU:  # head dimensions of real models, longer sequences
     SHAPES += [(op, gate, 2, 1000, 4, 128, 128, 64)
                for op, gate in (("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim"))]
-    SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 256, 32), ("kda", "per_head", 1, 700, 3, 256, 64, 16)]
+    SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 128, 32), ("kda", "per_head", 1, 700, 3, 128, 64, 16)]
 
 
 def inputs(op, gate, B, T, H, K, V, dtype, *, strength="normal", beta_max=1.0, initial_state=True,
@@ -90,6 +90,18 @@ def test_grads_match_naive(shape, dtype):
     assert_close(got, ref, GRAD_TOL[dtype])
 
 
+@pytest.mark.skipif(not GPU, reason="natively only: the interpreter would take minutes at K = 256")
+@pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim")])
+def test_head_dim_256(op, gate):
+    # the largest head dimensions, in bf16: as in the forward's tests, float32 IEEE products at
+    # K = 256 compile to minutes of FMA code natively
+    a = inputs(op, gate, 1, 300, 2, 256, 256, torch.bfloat16)
+    dO, dS = upstream(a)
+    ref, _ = reference(op, a, dO, dS)
+    got, _ = ours(op, a, dO, dS, chunk_size=64)
+    assert_close(got, ref, GRAD_TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("gate, chunk", [("per_head", 64), ("per_dim", 32), ("per_dim", 16)])
 def test_strong_gates_and_large_beta(gate, chunk):
     # log-gates down to −20 per token (e^{±G} over a chunk is 0 or inf in float32) and β up to 2
@@ -138,7 +150,7 @@ def test_narrow_blocks(monkeypatch):
     # the gate kernel (their partial sums of dβ and of a per-head dg), all partly masked
     monkeypatch.setitem(delta_backward.TUNING, "bv_state", 16)
     monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 16)
-    monkeypatch.setattr(wy_backward, "BK_GATES", 16)
+    monkeypatch.setattr(wy_backward, "BK_GATES", 32)
     for gate in ("per_head", "per_dim"):
         a = inputs("kda", gate, 1, 20, 1, 40, 40, torch.float32, seed=6)
         dO, dS = upstream(a)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .. import outputs
 from .common import block, contiguous
-from .delta import MIN_BK, _mm, output_stage, plan, state_stage  # noqa: F401
+from .delta import _mm, output_stage, plan, state_stage
 from .wy import wy_stage
 from .wy_backward import gate_stage
 
