@@ -1,0 +1,206 @@
+"""The Triton backward of linattn.triton.gla (per-head and per-dimension gates) and linear_attn.
+
+Gradients of q, k, v, g and the initial state for an incoming gradient on the output and on the
+final state, against float64 autograd through the token loop linattn.naive (and against the chunk
+level's own backward); recompute=True and False; log-gates down to −20 per step; every output and
+gradient buffer poisoned with NaN. Small sizes through the Triton interpreter on a CPU, larger
+natively (K = V = 256, chunks of 128 and 256) on a GPU.
+"""
+import pytest
+import torch
+
+import linattn
+from linattn import chunk, device, naive, testing
+from linattn import triton as lt
+from linattn.triton import gated_backward
+from linattn.validate import InputError
+
+DEV = device.default_device()
+# Relative error of a gradient against float64 autograd: float32 ≤ 1e-4, half precision ≤ 2e-2.
+GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+# B, T, H, K, V, chunk_size, sub_chunk_size: T not a multiple of C nor c, K != V.
+SHAPE = device.pick(cpu=(1, 45, 2, 32, 48, 32, 16), gpu=(2, 500, 3, 128, 96, 64, 16))
+# Several K- and V-blocks of the gradient kernels (blocks of 64): K, V not powers of two on the CPU.
+WIDE = device.pick(cpu=(1, 40, 1, 80, 72, 32, 16), gpu=(1, 300, 2, 256, 256, 64, 16))
+# Chunks over the 64-row block: every kernel works in row blocks.
+LONG = device.pick(cpu=[(1, 150, 1, 32, 16, 128, 32)],
+                   gpu=[(1, 600, 2, 128, 128, 128, 16), (1, 600, 2, 128, 128, 256, 16)])
+OPS = [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")]
+OP_IDS = ["linear", "per_head", "per_dim"]
+
+
+def inputs(op, gate, B, T, H, K, V, *, dtype=torch.float32, strength="normal", seed=0):
+    kw = {"gate": gate, "strength": strength} if op == "gla" else {}
+    return testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV, initial_state=True,
+                               seed=seed, **kw)
+
+
+def names_of(args):
+    return [n for n in ("q", "k", "v", "g", "initial_state") if n in args]
+
+
+def weights(args, seed=1):
+    """Incoming gradients for o (in v's dtype, so the reference sees the same numbers) and the
+    final state (float32)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H, K = args["q"].shape
+    V = args["v"].shape[-1]
+    w_o = torch.randn(B, T, H, V, generator=gen).to(DEV, args["v"].dtype)
+    w_S = torch.randn(B, H, K, V, generator=gen).to(DEV)
+    return w_o, w_S
+
+
+def grads(fn, args, names, w_o, w_S, *, final_state=True, **kw):
+    """Gradients of <o, w_o> (+ <S_final, w_S>) for the inputs in `names`, run poisoned."""
+    args = {n: a.detach().clone().requires_grad_(n in names) if isinstance(a, torch.Tensor) else a
+            for n, a in args.items()}
+    with testing.poisoned():
+        o, S = fn(**args, output_final_state=final_state, **kw)
+        loss = (o * w_o.to(o.dtype)).sum()
+        if final_state:
+            loss = loss + (S * w_S.to(S.dtype)).sum()
+        loss.backward()
+    return {n: args[n].grad for n in names}
+
+
+def reference(op, args, names, w_o, w_S, **kw):
+    return grads(getattr(naive, op), testing.to_float64(args), names, w_o.double(), w_S.double(), **kw)
+
+
+def triton_kw(op, C, c, **kw):
+    return dict(chunk_size=C, sub_chunk_size=c, **kw) if op == "gla" else dict(chunk_size=C, **kw)
+
+
+def assert_grads(got, ref, args, tol):
+    for n in ref:
+        assert got[n] is not None, f"d{n} missing"
+        assert got[n].dtype == args[n].dtype and got[n].shape == args[n].shape, n
+        err = testing.rel_err(got[n], ref[n])
+        assert err <= tol, f"d{n}: rel err {err:.2e} > {tol:.0e} at {testing.worst_position(got[n], ref[n])}"
+
+
+def check(op, gate, shape, *, dtype=torch.float32, strength="normal", seed=0, **kw):
+    B, T, H, K, V, C, c = shape
+    args = inputs(op, gate, B, T, H, K, V, dtype=dtype, strength=strength, seed=seed)
+    names = names_of(args)
+    w_o, w_S = weights(args)
+    got = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c, **kw))
+    assert_grads(got, reference(op, args, names, w_o, w_S), args, GRAD_TOLERANCE[dtype])
+    return args, got
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_gradients_match_float64_autograd(op, gate, dtype, recompute):
+    check(op, gate, SHAPE, dtype=dtype, recompute=recompute, seed=3)
+
+
+@pytest.mark.parametrize("op,gate", OPS[1:], ids=OP_IDS[1:])
+def test_strong_gates_stay_finite_and_accurate(op, gate):
+    # log-gates down to −20 per step: e^{b} of a chunk is far below float32's range
+    check(op, gate, SHAPE, strength="strong", seed=4)
+
+
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_several_k_and_v_blocks(op, gate):
+    check(op, gate, WIDE, seed=5, recompute=False)
+
+
+@pytest.mark.parametrize("shape", LONG, ids=str)
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_long_chunks(op, gate, shape):
+    check(op, gate, shape, seed=6)
+
+
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_recompute_and_kept_states_agree(op, gate):
+    # The forward differs (any mode vs materialised states); the backward runs the same kernels on
+    # the same states, so the gradients agree to float32 rounding.
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs(op, gate, B, T, H, K, V, seed=7)
+    names, (w_o, w_S) = names_of(args), weights(args)
+    a = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c, recompute=True, mode="fused"))
+    b = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c, recompute=False))
+    for n in names:
+        assert testing.rel_err(a[n], b[n]) <= testing.tolerance(torch.float32), n
+
+
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_matches_chunk_level_backward(op, gate):
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs(op, gate, B, T, H, K, V, seed=8)
+    names, (w_o, w_S) = names_of(args), weights(args)
+    got = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c))
+    cpu = {n: a.cpu() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    ref = grads(getattr(chunk, op), cpu, names, w_o.cpu(), w_S.cpu(), **triton_kw(op, C, c))
+    assert_grads(got, ref, args, GRAD_TOLERANCE[torch.float32])
+
+
+def test_only_v_requires_grad_and_no_final_state():
+    # dS starts at zero; q, k, g, initial_state get no gradient
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs("gla", "per_dim", B, T, H, K, V, seed=9)
+    w_o, w_S = weights(args)
+    got = grads(lt.gla, args, ["v"], w_o, w_S, final_state=False, chunk_size=C, sub_chunk_size=c)
+    ref = reference("gla", args, ["v"], w_o, w_S, final_state=False)
+    assert_grads(got, ref, args, GRAD_TOLERANCE[torch.float32])
+
+
+def test_only_the_final_state_receives_a_gradient():
+    # o unused: its incoming gradient is None, the backward reads zeros
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs("gla", "per_head", B, T, H, K, V, seed=10)
+    names = names_of(args)
+    x = {n: args[n].detach().clone().requires_grad_(True) for n in names}
+    with testing.poisoned():
+        _, S = lt.gla(**{**args, **x}, output_final_state=True, chunk_size=C, sub_chunk_size=c)
+        S.sum().backward()
+    x64 = {n: args[n].detach().double().requires_grad_(True) for n in names}
+    _, S64 = naive.gla(**{**testing.to_float64(args), **x64}, output_final_state=True)
+    S64.sum().backward()
+    assert x64["q"].grad is None and torch.equal(x["q"].grad, torch.zeros_like(args["q"]))  # q never reaches S
+    rest = names[1:]
+    assert_grads({n: x[n].grad for n in rest}, {n: x64[n].grad for n in rest}, args, GRAD_TOLERANCE[torch.float32])
+
+
+def test_plain_forward_without_grad():
+    # no input requires grad, or grad mode is off: the forward alone, no graph
+    args = inputs("gla", "per_dim", 1, 20, 1, 16, 16)
+    o, _ = lt.gla(**args, chunk_size=16)
+    assert o.grad_fn is None
+    args["q"].requires_grad_(True)
+    with torch.no_grad():
+        o, _ = lt.gla(**args, chunk_size=16)
+    assert o.grad_fn is None
+    o, _ = lt.gla(**args, chunk_size=16)
+    assert type(o.grad_fn).__name__.startswith("GatedAttention")
+
+
+@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+def test_recompute_must_be_a_bool(op):
+    args = inputs(op, "per_dim", 1, 20, 1, 16, 16)
+    with pytest.raises(InputError, match="recompute"):
+        getattr(lt, op)(**args, recompute="yes")
+
+
+def test_dispatcher_passes_recompute():
+    args = inputs("gla", "per_head", 1, 20, 1, 16, 16)
+    args["v"].requires_grad_(True)
+    o, _ = linattn.gla(**args, impl="triton", recompute=False, chunk_size=16)
+    o.sum().backward()
+    assert args["v"].grad is not None and torch.isfinite(args["v"].grad).all()
+
+
+def test_kernels_write_every_gradient_entry():
+    # the autograd path's buffers come from outputs.empty: NaN under poisoned() until written
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs("gla", "per_dim", B, T, H, K, V, seed=11)
+    from linattn.validate import check_inputs
+    d = check_inputs(args["q"], args["k"], args["v"], g=args["g"], initial_state=args["initial_state"], gate=True)
+    w_o, w_S = weights(args)
+    with testing.poisoned():
+        out = gated_backward.backward(w_o, w_S, args["q"], args["k"], args["v"], args["g"], args["initial_state"],
+                                      torch.zeros(B, H, K, V, device=DEV), d, chunk_size=C, sub_chunk_size=c)
+    for x in out:
+        assert torch.isfinite(x).all()
