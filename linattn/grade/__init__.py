@@ -22,10 +22,22 @@ def reference(name: str):
     return catalog.get(name).reference
 
 
+def spec(name: str) -> str:
+    """Print (and return) the PyTorch code exercise `name` must match: its `spec`, else its reference."""
+    import inspect
+
+    ex = catalog.get(name)
+    fn = ex.spec or ex.reference
+    text = f"# {ex.name}: {ex.signature}\n# what your code must compute ({fn.__module__}.{fn.__name__}):\n"
+    text += inspect.getsource(fn)
+    print(text)
+    return text
+
+
 def describe(name: str) -> str:
     ex = catalog.get(name)
     return f"{ex.name} — {ex.title}\n    {ex.signature}"
 
 
-__all__ = ["check", "exercises", "reference", "describe", "Result", "progress_text", "dashboard",
+__all__ = ["check", "exercises", "reference", "describe", "spec", "Result", "progress_text", "dashboard",
            "reset"]

@@ -85,7 +85,7 @@ def _check(ptrs, mask, what):
             if hi <= end:
                 return
             past = (hi - end) // size
-            raise OutOfBounds(f"the kernel {what} {past} element(s) past the end of `{name}` "
+            raise OutOfBounds(f"the kernel {what} up to {past} element(s) past the end of `{name}` "
                               "(an unmasked or wrongly masked tl.load/tl.store: mask the rows "
                               "beyond the sequence, e.g. mask=offs < T)")
     below = [(lo - end) // size for start, end, _ in _launches[-1] if end <= lo]

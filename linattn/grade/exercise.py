@@ -34,8 +34,12 @@ class Exercise:
     hint: str = ""                      # one line shown when the answer is wrong
     outputs: tuple = ()                 # names of the returned values, e.g. ("o", "final_state")
     # Known mistakes, written out: (what the mistake is, function making it). A wrong answer whose
-    # outputs all match one of them is told which, e.g. "reads S before adding k_tᵀ v_t".
+    # outputs all match one of them is told which, e.g. "reads S before adding k_tᵀ v_t". An
+    # optional third entry is the relative error within which the outputs count as a match
+    # (default: the case's tolerance).
     diagnoses: tuple = ()
+    # For kernel exercises: the PyTorch code the kernel must match, shown by grade.spec(name).
+    spec: Optional[Callable] = None
 
     @property
     def ground_truth(self) -> Callable:

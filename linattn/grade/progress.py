@@ -166,6 +166,10 @@ def record(ex: Exercise, fn) -> None:
         # is still recovered from the log.
         with open(home() / "passes.log", "a") as log:
             log.write(json.dumps({"name": ex.name, **entry}) + "\n")
+        if ex.unlocks and not src:
+            print(f"note: {ex.name} passed, but your function's source could not be saved, so "
+                  f"impl='mine' for {ex.unlocks[0]} cannot use it (define it at the top level "
+                  "of a notebook cell or a file)")
         if src:
             (home() / "mine").mkdir(exist_ok=True)
             _write_atomic(home() / "mine" / f"{ex.name}.py",
@@ -223,6 +227,9 @@ def _collect(fn, parts, seen):
     if fn.__name__ in seen:
         return
     seen.add(fn.__name__)
+    if fn.__code__.co_freevars or fn.__qualname__ != fn.__name__:
+        raise TypeError(f"{fn.__name__} is defined inside another function: its source alone "
+                        "does not run (define it at the top level of the notebook)")
     parts.append(inspect.getsource(fn))  # a kernel's source starts with its @triton.jit line
     glb = fn.__globals__
     for name in sorted(_names(fn.__code__)):

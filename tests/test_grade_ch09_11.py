@@ -1,0 +1,257 @@
+"""Graders of the Triton workbooks (chapters 09–11): references pass, planted wrong kernels fail
+with the right verdict, and a passed whole kernel runs the library (impl="mine", Triton level).
+
+Each planted kernel is a small, otherwise correct kernel with one bug switched on (`BUG`, a
+constexpr); BUG = 0 passes too, so a rejection is caused by the bug alone. Under the interpreter
+the grader bounds-checks every tl.load / tl.store (linattn/grade/bounds.py): an unmasked tail
+load is reported as an out-of-bounds access at its line.
+"""
+import time
+
+import pytest
+import torch
+
+import linattn  # before triton: without a GPU it switches Triton's interpreter on
+from linattn.grade import check, reference
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+SEEDS = (0, 1)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
+    yield tmp_path
+    for op in ("linear_attn", "gla", "kda"):
+        linattn.set_impl(op, "auto")
+
+
+def verdict(name, fn, seed=0):
+    return check(name, fn, seed=seed, record=False, quiet=True)
+
+
+def block(n):
+    return max(16, triton.next_power_of_2(n))
+
+
+# ------------------------------------------------------------------------ ch09.scale_rows
+@triton.jit
+def scale_rows_kernel(x, w, y, T, D, BT: tl.constexpr, BD: tl.constexpr, BUG: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BD)
+    inside = (rows[:, None] < T) & (cols[None, :] < D)
+    load_mask = (cols[None, :] < D) if BUG == 1 else inside   # 1: rows past T not masked
+    tile = tl.load(x + rows[:, None] * D + cols[None, :], mask=load_mask, other=0.0)
+    wt = tl.load(w + rows, mask=rows < T, other=0.0)
+    store_mask = (rows[:, None] >= 0) & (cols[None, :] < D) if BUG == 2 else inside  # 2: store
+    if BUG != 3:                                                                      # 3: no store
+        tl.store(y + rows[:, None] * D + cols[None, :], tile * wt[:, None], mask=store_mask)
+
+
+def make_scale_rows(bug):
+    def scale_rows(x, w):
+        T, D = x.shape
+        y = torch.empty_like(x)
+        scale_rows_kernel[(triton.cdiv(T, 16),)](x, w, y, T, D, BT=16, BD=block(D), BUG=bug)
+        return y
+    return scale_rows
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_scale_rows(seed):
+    assert verdict("ch09.scale_rows", make_scale_rows(0), seed).passed
+    msg = verdict("ch09.scale_rows", make_scale_rows(1), seed).message
+    assert "out-of-bounds access: the kernel loads up to" in msg and "past the end of `x`" in msg
+    assert "tl.load(x + rows[:, None] * D" in msg          # the line of the unmasked load
+    msg = verdict("ch09.scale_rows", make_scale_rows(2), seed).message
+    assert "out-of-bounds access: the kernel stores" in msg and "`y`" in msg
+    msg = verdict("ch09.scale_rows", make_scale_rows(3), seed).message
+    assert "NaN/inf" in msg and "never wrote" in msg       # torch.empty poisoned while graded
+
+
+# --------------------------------------------------------- ch09.intra_chunk, ch09.chunk_state
+@triton.jit
+def tile(ptr, C, W, BC: tl.constexpr, BW: tl.constexpr):
+    t, c = tl.arange(0, BC), tl.arange(0, BW)
+    return tl.load(ptr + t[:, None] * W + c[None, :], mask=(t[:, None] < C) & (c[None, :] < W),
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def intra_kernel(q, k, v, o, C, K, V, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 BUG: tl.constexpr):
+    n = tl.program_id(0)
+    Q, Kc, Vc = tile(q + n * C * K, C, K, BC, BK), tile(k + n * C * K, C, K, BC, BK), \
+        tile(v + n * C * V, C, V, BC, BV)
+    t = tl.arange(0, BC)
+    A = tl.dot(Q, tl.trans(Kc), input_precision="ieee")
+    if BUG == 1:
+        A = tl.where(t[:, None] > t[None, :], A, 0.0)      # strict: no diagonal
+    elif BUG == 2:
+        A = tl.where(t[:, None] <= t[None, :], A, 0.0)     # upper triangle
+    else:
+        A = tl.where(t[:, None] >= t[None, :], A, 0.0)
+    O = tl.dot(A, Vc, input_precision="ieee")
+    c = tl.arange(0, BV)
+    tl.store(o + n * C * V + t[:, None] * V + c[None, :], O.to(o.dtype.element_ty),
+             mask=(t[:, None] < C) & (c[None, :] < V))
+
+
+def make_intra(bug):
+    def intra_chunk(q, k, v):
+        N, C, K = q.shape
+        o = torch.empty(N, C, v.shape[-1], dtype=v.dtype)
+        intra_kernel[(N,)](q, k, v, o, C, K, v.shape[-1], BC=block(C), BK=block(K),
+                           BV=block(v.shape[-1]), BUG=bug)
+        return o
+    return intra_chunk
+
+
+@triton.jit
+def state_kernel(k, v, s, out, C, K, V, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 BUG: tl.constexpr):
+    n = tl.program_id(0)
+    Kc, Vc = tile(k + n * C * K, C, K, BC, BK), tile(v + n * C * V, C, V, BC, BV)
+    S = tile(s + n * K * V, K, V, BK, BV)
+    KV = tl.dot(tl.trans(Kc), Vc, input_precision="ieee")
+    if BUG == 1:
+        S = KV                                             # forgets the entering state
+    elif BUG == 2:
+        S += KV.to(tl.bfloat16).to(tl.float32)              # bf16 accumulation
+    else:
+        S += KV
+    r, c = tl.arange(0, BK), tl.arange(0, BV)
+    tl.store(out + n * K * V + r[:, None] * V + c[None, :], S, mask=(r[:, None] < K) & (c[None, :] < V))
+
+
+def make_state(bug):
+    def chunk_state(k, v, S):
+        N, C, K = k.shape
+        out = torch.empty(N, K, v.shape[-1])
+        state_kernel[(N,)](k, v, S, out, C, K, v.shape[-1], BC=block(C), BK=block(K),
+                           BV=block(v.shape[-1]), BUG=bug)
+        return out
+    return chunk_state
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_intra_chunk(seed):
+    assert verdict("ch09.intra_chunk", make_intra(0), seed).passed
+    assert "diagnosis: your result matches what you get if you mask with a strict triangle" in \
+        verdict("ch09.intra_chunk", make_intra(1), seed).message
+    assert "if you mask with the upper triangle" in verdict("ch09.intra_chunk", make_intra(2), seed).message
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chunk_state(seed):
+    assert verdict("ch09.chunk_state", make_state(0), seed).passed
+    assert "without the state S entering" in verdict("ch09.chunk_state", make_state(1), seed).message
+    assert "accumulate in bfloat16" in verdict("ch09.chunk_state", make_state(2), seed).message
+
+
+# ------------------------------------------------------------------------ ch09.linear_attn
+@triton.jit
+def linear_kernel(q, k, v, h0, o, ht, scale, T, H, K, V, C: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, BUG: tl.constexpr):
+    # one program per (batch, head) walks the chunks; [B, T, H, *] row-major inputs
+    bh = tl.program_id(0)
+    b, h = bh // H, bh % H
+    t, dk, dv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    mk, mv = dk < K, dv < V
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + bh * K * V + dk[:, None] * V + dv[None, :], mask=mk[:, None] & mv[None, :],
+                     other=0.0)
+    end = T - C + 1 if BUG == 3 else T                      # 3: the last partial chunk dropped
+    for s in range(0, end, C):
+        rows = s + t
+        inside = rows < T
+        if BUG == 2:
+            inside = rows >= 0                               # 2: rows past T loaded (unmasked)
+        qo = ((b * T + rows) * H + h) * K
+        vo = ((b * T + rows) * H + h) * V
+        Q = tl.load(q + qo[:, None] + dk[None, :], mask=inside[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        Kc = tl.load(k + qo[:, None] + dk[None, :], mask=inside[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        Vc = tl.load(v + vo[:, None] + dv[None, :], mask=inside[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        A = tl.dot(Q, tl.trans(Kc), input_precision="ieee")
+        causal = (t[:, None] > t[None, :]) if BUG == 1 else (t[:, None] >= t[None, :])  # 1: strict
+        A = tl.where(causal, A, 0.0)
+        S_new = S + tl.dot(tl.trans(Kc), Vc, input_precision="ieee")
+        Sread = S_new if BUG == 4 else S                   # 4: reads the state after the update
+        O = scale * (tl.dot(Q, Sread, input_precision="ieee") + tl.dot(A, Vc, input_precision="ieee"))
+        tl.store(o + vo[:, None] + dv[None, :], O.to(o.dtype.element_ty),
+                 mask=(rows < T)[:, None] & mv[None, :])
+        S = S_new
+    if STORE_HT:
+        tl.store(ht + bh * K * V + dk[:, None] * V + dv[None, :], S, mask=mk[:, None] & mv[None, :])
+
+
+def make_linear(bug):
+    def my_linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False,
+                       chunk_size=16):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        scale = K ** -0.5 if scale is None else scale
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o = torch.empty(B, T, H, V, dtype=v.dtype)
+        ht = torch.empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+        h0 = initial_state.float().contiguous() if initial_state is not None else None
+        linear_kernel[(B * H,)](q, k, v, h0, o, ht, scale, T, H, K, V, C=chunk_size,
+                                BK=block(K), BV=block(V), HAS_H0=h0 is not None,
+                                STORE_HT=output_final_state, BUG=bug)
+        return o, ht
+    return my_linear_attn
+
+
+def reader_linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False,
+                       chunk_size=16):
+    """A launcher at the top level, as in a notebook (its source can be saved)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty(B, T, H, V, dtype=v.dtype)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    linear_kernel[(B * H,)](q, k, v, h0, o, ht, scale, T, H, K, V, C=chunk_size, BK=block(K),
+                            BV=block(V), HAS_H0=h0 is not None, STORE_HT=output_final_state, BUG=0)
+    return o, ht
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_linear_attn_kernel(seed):
+    assert verdict("ch09.linear_attn", make_linear(0), seed).passed
+    assert "if you read the state before adding k_tᵀ v_t (a strict triangle" in \
+        verdict("ch09.linear_attn", make_linear(1), seed).message
+    msg = verdict("ch09.linear_attn", make_linear(2), seed).message
+    assert "out-of-bounds access: the kernel loads" in msg and "past the end of `q`" in msg
+    assert "Q = tl.load(q + qo[:, None]" in msg
+    msg = verdict("ch09.linear_attn", make_linear(3), seed).message
+    assert "NaN/inf" in msg and "drop the last partial chunk" in msg
+    assert "if you read the state after adding the chunk's Kᵀ V" in \
+        verdict("ch09.linear_attn", make_linear(4), seed).message
+
+
+def test_passed_kernel_runs_the_library(home):
+    """Pass ch09.linear_attn with a kernel, then linattn.linear_attn(impl="mine") runs that kernel."""
+    assert not linattn.grade.progress.passed("ch09.linear_attn")
+    assert check("ch09.linear_attn", reader_linear_attn, seed=4, quiet=True).passed
+    saved = (home / "mine" / "ch09.linear_attn.py").read_text()
+    assert "@triton.jit" in saved and "def linear_kernel" in saved and "def block" in saved
+    assert "def tile" not in saved                          # only what the launcher uses
+    q, k, v = torch.randn(3, 1, 20, 2, 16).unbind(0)
+    o, _ = linattn.linear_attn(q, k, v, impl="mine", chunk_size=16)
+    assert linattn.which("linear_attn").startswith("your ch09.linear_attn")
+    assert linattn.testing.rel_err(o, linattn.naive.linear_attn(q, k, v)[0]) < 1e-5
+    linattn.set_impl("linear_attn", "mine")
+    linattn.linear_attn(q, k, v)
+    assert linattn.which("linear_attn").startswith("your ch09.linear_attn")
+
+
+def test_nested_launcher_passes_but_says_it_cannot_be_saved(home, capsys):
+    assert check("ch09.linear_attn", make_linear(0), seed=4).passed
+    assert "could not be saved" in capsys.readouterr().out
+    with pytest.raises(linattn.InputError, match="you have not passed"):
+        linattn.linear_attn(*torch.randn(3, 1, 20, 2, 16), impl="mine")
