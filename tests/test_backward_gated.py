@@ -10,12 +10,15 @@ import torch
 
 import linattn
 from linattn import chunk, naive, testing
+from linattn.chunk import gla_tiles
+from linattn.naive.gated import attention_matrix
 
 SHAPES = [  # B, T, H, K, V, chunk_size, sub_chunk_size
     (1, 1, 1, 8, 8, 16, 4),       # a single token
     (2, 37, 2, 16, 24, 16, 4),    # T not a multiple of C or c, K != V
     (1, 64, 2, 32, 8, 32, 8),     # exactly two chunks
     (1, 150, 1, 8, 16, 64, 16),   # default sizes, partial last chunk
+    (1, 100, 1, 8, 8, 48, 16),    # a chunk that is not a power of two
 ]
 GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
@@ -161,3 +164,25 @@ def test_dispatcher_passes_recompute():
     assert "ChunkwiseGated" in type(o.grad_fn).__name__
     o, _ = linattn.gla(**args, impl="naive", recompute=False)   # a level without it drops the knob
     assert o.grad_fn is not None
+
+
+@pytest.mark.parametrize("C,c", [(1, 1), (12, 4), (48, 16), (64, 16)])
+@pytest.mark.parametrize("strength", ["normal", "strong"])
+def test_halving_tiles_match_float64(C, c, strength):
+    """gla_tiles (the split repeated inside the diagonal tiles) against the float64 attention
+    matrix, and its gradient tiles against float64 autograd through it; C not a power of two too."""
+    gen = torch.Generator().manual_seed(C)
+    q, k = torch.randn(2, C, 16, generator=gen), torch.randn(2, C, 16, generator=gen)
+    g = testing.log_gates((2, C, 16), strength, generator=gen)
+    q64, k64 = q.double().requires_grad_(True), k.double().requires_grad_(True)
+    truth = attention_matrix(q64, k64, g.double())
+    P = gla_tiles.intra_matrix(q, k, g, c, torch.float32)
+    assert P.shape == (2, C, C) and (P.triu(1) == 0).all()
+    assert testing.rel_err(P, truth) <= testing.tolerance(torch.float32)
+    Pb = gla_tiles.intra_matrix(q, k, g, c, torch.bfloat16)
+    assert testing.rel_err(Pb, truth) <= testing.tolerance(torch.bfloat16)
+    dP = torch.randn(2, C, C, generator=gen).tril(-1)
+    (truth * dP.double()).sum().backward()
+    dq, dk = gla_tiles.intra_grads(dP, q, k, g)
+    assert testing.rel_err(dq, q64.grad) <= GRAD_TOLERANCE[torch.float32]
+    assert testing.rel_err(dk, k64.grad) <= GRAD_TOLERANCE[torch.float32]

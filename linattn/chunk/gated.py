@@ -7,7 +7,10 @@ chunk-level factors of `linattn.decay` (Λ = exp b_t, Γ = exp(b_C − b_t), γ 
 P_[n] is the gated attention matrix of the chunk, P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ), i ≥ j.
 For per-dimension gates P is built from c × c tiles (secondary chunking): tiles below the
 diagonal are matmuls after absorbing the decay relative to the query sub-chunk's start (both
-exponents ≤ 0); the diagonal tiles are computed in float32 log space. For per-head (scalar) gates
+exponents ≤ 0); the diagonal tiles are computed in float32 log space (`intra_chunk_matrix`, the
+two-level form). The forward itself uses `gla_tiles.intra_matrix`, which applies the same split
+again inside the diagonal tiles, down to single tokens: the same numbers from matmuls only,
+without a [c, c, K] tensor of exponentials per sub-chunk. For per-head (scalar) gates
 the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal decay mask D, and no
 secondary chunking is needed (sub_chunk_size is then validated but unused).
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import decay, outputs
+from . import gla_tiles
 from ..naive.linear import initial
 from ..validate import FLOAT_DTYPES, Dims, InputError, check_chunk, check_inputs
 
@@ -77,7 +81,8 @@ def forward(q, k, v, g, initial_state, plan):
     if gc is None:
         P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
     else:
-        P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=plan.c, inter_dtype=plan.mm)
+        P = gla_tiles.intra_matrix(qc, kc, gc, plan.c, plan.mm) if gc.dim() == qc.dim() else \
+            intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)      # per head: (Q Kᵀ) ⊙ D
     o = _mm(P, vc, plan.mm)                                           # [B, H, N, C, V] intra
 
     S0 = initial(initial_state, d, q.device)                          # [B, H, K, V]

@@ -11,9 +11,10 @@ Given dO and dS_[n] (the gradient reaching the state *after* chunk n), the backw
     dQ̂_i = Σ_{j ≤ i} dP_ij k_j ⊙ exp(b_i − b_j) + Λ_i ⊙ (dO_i S_[n-1]ᵀ)
     dK_j = Σ_{i ≥ j} dP_ij q̂_i ⊙ exp(b_i − b_j) + Γ_j ⊙ (V_j dS_[n]ᵀ)
 The reverse pass starts from the incoming gradient of the final state and ends at the gradient
-of the initial state. The intra-chunk sums use the forward's absorption and secondary chunking:
-tiles off the diagonal are matmuls whose decay is split at a sub-chunk boundary so that both
-exponents are ≤ 0, the c × c diagonal tiles hold exp(b_i − b_j) elementwise in float32 log space.
+of the initial state. The intra-chunk sums use the forward's absorption and secondary chunking
+(`gla_tiles`): blocks below the diagonal are matmuls whose decay is split at the block boundary so
+that both exponents are ≤ 0, the split repeated inside the diagonal tiles down to single tokens;
+dQ̂ is the forward's tile product with dP for P and K for V, dK the same with the blocks transposed.
 
 Gate gradient, in closed form. Every quantity of chunk n depends on its gates only through b_t:
 q̂_t enters as q̂_t ⊙ e^{b_t}, k_t as k_t ⊙ e^{−b_t} and the state after the chunk carries
@@ -36,7 +37,8 @@ import torch
 
 from .. import decay, outputs
 from ..naive.linear import initial
-from .gated import _causal, _state_pass, forward, intra_chunk_matrix
+from . import gla_tiles
+from .gated import _causal, _state_pass, forward
 
 
 class ChunkwiseGated(torch.autograd.Function):
@@ -103,9 +105,9 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
         dPD = dP * D                                                  # [B, H, N, C, C]
         dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
     else:
-        P = intra_chunk_matrix(qc, kc, gc, sub_chunk_size=plan.c, inter_dtype=d.acc)
-        dq_in = decayed_rows(dP, kc, gc, plan.c)                      # [B, H, N, C, K]  j < i
-        dk_in = decayed_cols(dP, qc, gc, plan.c)                      # [B, H, N, C, K]  i > j
+        # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
+        P = gla_tiles.intra_matrix(qc, kc, gc, plan.c, d.acc)        # [B, H, N, C, C]
+        dq_in, dk_in = gla_tiles.intra_grads(dP, qc, kc, gc)          # [B, H, N, C, K]  j < i, i > j
 
     dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
     read = lam * (doc @ Sin.transpose(-1, -2))                        # [B, H, N, C, K]  from S_[n-1]
@@ -142,50 +144,6 @@ def gate_gradient(qc, kc, dq_in, dk_in, read, write, Sin, dS_out, gam, gc):
     carried = Sin if gam is None else gam[..., None] * Sin            # [B, H, N, K, V] diag(γ) S_[n-1]
     dg = dg + (carried * dS_out).sum(-1)[:, :, :, None, :]            # same for every s in the chunk
     return dg.sum(-1) if gc.dim() == qc.dim() - 1 else dg
-
-
-def decayed_rows(A, X, g, c):
-    """Y_i = Σ_{j ≤ i} A_ij X_j ⊙ exp(b_i − b_j) for one chunk: the dQ̂ tiles (A = dP, X = K).
-
-    A [..., C, C] (zero above the diagonal), X and g [..., C, K]; b the prefix sum of g. Sub-chunk
-    I of c rows starting at r: the tiles left of it are one matmul, with the decay split at r,
-    exp(b_i − b_j) = exp(b_i − b_{r-1}) · exp(b_{r-1} − b_j), both exponents ≤ 0.
-    """
-    C, n_sub = A.shape[-1], A.shape[-1] // c
-    Xs, gs = X.unflatten(-2, (n_sub, c)), g.unflatten(-2, (n_sub, c))  # [..., n_sub, c, K]
-    D = decay.pairwise_decay(gs).to(X.dtype)                          # [..., n_sub, c, c, K]
-    Y = torch.einsum("...ij,...jk,...ijk->...ik", _diagonal_tiles(A, c), Xs, D)  # [.., n_sub, c, K]
-    q_dec = decay.query_decay(gs).to(X.dtype)                         # [..., n_sub, c, K]
-    for i in range(1, n_sub):
-        r = i * c
-        X_abs = X[..., :r, :] * decay.key_decay(g[..., :r, :]).to(X.dtype)  # [..., r, K]
-        Y[..., i, :, :] += q_dec[..., i, :, :] * (A[..., r:r + c, :r] @ X_abs)
-    return Y.flatten(-3, -2)
-
-
-def decayed_cols(A, X, g, c):
-    """Z_j = Σ_{i ≥ j} A_ij X_i ⊙ exp(b_i − b_j) for one chunk: the dK tiles (A = dP, X = Q̂).
-
-    Sub-chunk J of c columns ending at e: the tiles below it are one matmul, with the decay split
-    at e, exp(b_i − b_j) = exp(b_i − b_e) · exp(b_e − b_j), both exponents ≤ 0.
-    """
-    C, n_sub = A.shape[-1], A.shape[-1] // c
-    Xs, gs = X.unflatten(-2, (n_sub, c)), g.unflatten(-2, (n_sub, c))  # [..., n_sub, c, K]
-    D = decay.pairwise_decay(gs).to(X.dtype)                          # [..., n_sub, c, c, K]
-    Z = torch.einsum("...ij,...ik,...ijk->...jk", _diagonal_tiles(A, c), Xs, D)  # [.., n_sub, c, K]
-    k_dec = decay.key_decay(gs).to(X.dtype)                           # [..., n_sub, c, K]
-    for J in range(n_sub - 1):
-        s, e = J * c, (J + 1) * c
-        X_abs = X[..., e:, :] * decay.query_decay(g[..., e:, :]).to(X.dtype)  # [..., C − e, K]
-        Z[..., J, :, :] += k_dec[..., J, :, :] * (A[..., e:, s:e].transpose(-1, -2) @ X_abs)
-    return Z.flatten(-3, -2)
-
-
-def _diagonal_tiles(A, c):
-    """[..., C, C] → the c × c tiles on its diagonal, [..., C/c, c, c]."""
-    n_sub = A.shape[-1] // c
-    tiles = A.unflatten(-1, (n_sub, c)).unflatten(-3, (n_sub, c))     # [..., n, c, n, c]
-    return tiles.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)           # [..., n, c, c]
 
 
 def _out(x, like, T):

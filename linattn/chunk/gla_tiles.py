@@ -1,0 +1,95 @@
+"""Intra-chunk tiles of per-dimension GLA by repeated halving: matmuls only, every exponent ≤ 0.
+
+Secondary chunking splits the decay exp(b_i − b_j) (b the log-gates summed inside the chunk) at the
+boundary m between a query tile (rows ≥ m) and a key tile (columns < m):
+    exp(b_i − b_j) = exp(Σ_{m ≤ t ≤ i} g_t) · exp(Σ_{j < t < m} g_t),   both sums ≤ 0,
+so the tile is the matmul (Q ⊙ F_q)(K ⊙ F_k)ᵀ. Two-level chunking does this for the tiles between
+sub-chunks and computes each c × c diagonal tile elementwise, an [c, c, K] tensor of exponentials
+per sub-chunk (`intra_chunk_matrix`, chapter 05). Here the split is applied again inside the
+diagonal tiles: halve the chunk, the lower-left block is one matmul split at the midpoint, and
+recurse into the two diagonal halves down to single tokens (whose decay is exp(0) = 1). A chunk
+of C tokens takes log2(C) levels; level s holds C/2s blocks of s × s, all batched into one matmul,
+and needs exponentials of [C, K] numbers only, instead of the C·c·K of the elementwise tiles.
+
+Precision: each factor is exp of a segment summed on its own from the split point (a prefix or a
+suffix inside a half, `linattn.decay`), never a difference of long prefix sums. When a factor
+underflows, the true product is smaller still. The blocks of c × c and larger are the tensor-core
+tiles whose operands are rounded to `inter_dtype`; smaller blocks (inside the diagonal sub-chunk
+tiles) stay in float32, as the diagonal tiles of two-level chunking do.
+
+C need not be a power of two: the chunk is padded (q = k = 0, g = 0) to one for the tiles.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import decay
+
+
+def intra_matrix(q, k, g, c, mm):
+    """P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) for i ≥ j, 0 above: q, k, g [..., C, K] → [..., C, C]."""
+    C = q.shape[-2]
+    q, k, g = (_pad(x) for x in (q, k, g))                            # [..., C2, K]
+    C2 = q.shape[-2]
+    P = q.new_zeros(*q.shape[:-1], C2)                                # [..., C2, C2]
+    P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))               # i = j: decay exp(0) = 1
+    for s, qf, kf in _levels(g):
+        q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
+        k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
+        _blocks(P, s).copy_(_dot(q_abs, k_abs, mm if s >= c else q.dtype))
+    return P[..., :C, :C]
+
+
+def intra_grads(dP, q, k, g):
+    """For strictly lower-triangular dP [..., C, C] (the gradient of P, diagonal left out):
+    dq_i = Σ_{j < i} dP_ij k_j ⊙ exp(b_i − b_j) and dk_j = Σ_{i > j} dP_ij q_i ⊙ exp(b_i − b_j),
+    with the same blocks and factors as `intra_matrix`, in float32 (float64 for float64)."""
+    C = q.shape[-2]
+    q, k, g = (_pad(x) for x in (q, k, g))                            # [..., C2, K]
+    dP = _pad(_pad(dP).transpose(-1, -2)).transpose(-1, -2)           # [..., C2, C2]
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)                 # [..., C2, K]
+    for s, qf, kf in _levels(g):
+        dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
+        _half(dq, s, 1).add_(qf * (dPb @ (_half(k, s, 0) * kf)))      # rows ≥ m read keys < m
+        _half(dk, s, 0).add_(kf * (dPb.transpose(-1, -2) @ (_half(q, s, 1) * qf)))
+    return dq[..., :C, :], dk[..., :C, :]
+
+
+def _levels(g):
+    """(s, F_q, F_k) for s = C/2, C/4, …, 1: the split factors of the blocks of s × s.
+
+    F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t)
+    for the columns of each first half; both [..., C/2s, s, K]."""
+    s = g.shape[-2] // 2
+    while s >= 1:
+        yield s, decay.query_decay(_half(g, s, 1)).to(g.dtype), decay.key_decay(_half(g, s, 0)).to(g.dtype)
+        s //= 2
+
+
+def _half(x, s, which):
+    """[..., C, K] → the first (0) or second (1) halves of its blocks of 2s rows: [..., C/2s, s, K]."""
+    return x.unflatten(-2, (-1, 2, s))[..., which, :, :]
+
+
+def _blocks(P, s):
+    """A view [..., C/2s, s, s] of the lower-left s × s block of each 2s × 2s diagonal block of P."""
+    n = P.shape[-1] // (2 * s)
+    v = P.unflatten(-1, (n, 2, s)).unflatten(-4, (n, 2, s))           # [..., n, 2, s, n, 2, s]
+    return v.diagonal(dim1=-6, dim2=-3)[..., 1, :, 0, :, :].movedim(-1, -3)
+
+
+def _dot(a, b, mm):
+    """a bᵀ for [..., s, K] blocks, operands rounded to `mm`; 1 × 1 blocks as a plain reduction."""
+    if mm != a.dtype and a.dtype.itemsize > mm.itemsize:
+        a, b = a.to(mm).to(a.dtype), b.to(mm).to(a.dtype)
+    if a.shape[-2] == 1:
+        return (a * b).sum(-1, keepdim=True)                          # [..., 1, 1]
+    return a @ b.transpose(-1, -2)
+
+
+def _pad(x):
+    """Pad dim −2 to a power of two with zeros (a zero query/key and log-gate 0 change nothing)."""
+    C = x.shape[-2]
+    C2 = 1 << (C - 1).bit_length()
+    return x if C2 == C else F.pad(x, (0, 0, 0, C2 - C))
