@@ -39,6 +39,9 @@ then dg = reverse cumulative sum of ∂L/∂B (torch).
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 import triton
 import triton.language as tl
@@ -388,16 +391,37 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, T, H, K, V, NT, sca
         tl.store(db + p, q_t * dq_t - k_t * dk_t, mask=m)                                     # [BR, BK]
 
 
+@contextlib.contextmanager
+def _stage(timer, name):
+    """Time the kernels launched inside into timer[name] (ms) when a timer dict is given: CUDA events
+    natively, wall clock under the interpreter. Without a timer it does nothing (no syncs)."""
+    if timer is None:
+        yield
+        return
+    if torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        end.synchronize()
+        timer[name] = timer.get(name, 0.0) + start.elapsed_time(end)
+    else:
+        t = time.perf_counter()
+        yield
+        timer[name] = timer.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
+
+
 def gate_kind(g) -> int:
     return NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
 
 
-def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None):
+def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
     do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); sT: the final
     state (needed for dg when dsT is given); h, A, b: the states, intra matrix and cumulated gates
     kept by the forward (recomputed when None). dg is None without gates, ds0 None without s0.
+    timer: a dict that receives the milliseconds of each stage (chapter 13, tools/bench.py).
     """
     gate = gate_kind(g)
     B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
@@ -410,12 +434,13 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     q, k, v, g, do = contiguous(q, k, v, g, do)
     if do is None:
         do = torch.zeros_like(v)
-    if gate != NO_GATE and b is None:
-        b = gated.local_cumsum(g, C)                                   # [B, T, H(, K)] float32
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
-    if h is None:
-        # per-head gates are summed inside the state kernel; per-dimension ones read b
-        h, _ = gated.chunk_states(k, v, g, d, b=b if gate == DIM_GATE else None, s0=s0f, chunk_size=C)
+    with _stage(timer, "recompute states"):
+        if gate != NO_GATE and b is None:
+            b = gated.local_cumsum(g, C)                               # [B, T, H(, K)] float32
+        if h is None:
+            # per-head gates are summed inside the state kernel; per-dimension ones read b
+            h, _ = gated.chunk_states(k, v, g, d, b=b if gate == DIM_GATE else None, s0=s0f, chunk_size=C)
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
@@ -424,34 +449,39 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
     dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
-    last_launch["dstates"] = launch(
-        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, bp, dh,
-        dsT_ if dsT_ is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, d.scale,
-        BK=SK, BV=SV, HAS_DST=dsT_ is not None, STORE_DS0=ds0 is not None, num_warps=4, **common)
+    with _stage(timer, "reverse pass dS"):
+        last_launch["dstates"] = launch(
+            _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, bp, dh,
+            dsT_ if dsT_ is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, d.scale,
+            BK=SK, BV=SV, HAS_DST=dsT_ is not None, STORE_DS0=ds0 is not None, num_warps=4, **common)
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)
     dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
     BVa = min(block(V), 64)
-    last_launch["dA"] = _dA_kernel[(NT * (C // BR), B * H)](do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa,
-                                                             COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+    with _stage(timer, "dA"):
+        last_launch["dA"] = _dA_kernel[(NT * (C // BR), B * H)](
+            do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
 
     # 3. intra-chunk parts of dq, dk
     BK = min(block(K), GRAD_BLOCK)
     dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
-    last_launch["intra"] = _intra_grad_kernel[(triton.cdiv(K, BK), NT * (C // c), B * H)](
-        q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
-        GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
+    with _stage(timer, "intra dq, dk"):
+        last_launch["intra"] = _intra_grad_kernel[(triton.cdiv(K, BK), NT * (C // c), B * H)](
+            q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
+            GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
 
     # 4. dv
     if gate == DIM_GATE and A is None:
-        A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
+        with _stage(timer, "recompute A"):
+            A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
     BKv, BVv = gated.blocks(K, V)
-    last_launch["dv"] = _dv_kernel[(triton.cdiv(V, BVv), NT * (C // BR), B * H)](
-        q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
-        num_warps=4, **common)
+    with _stage(timer, "dv"):
+        last_launch["dv"] = _dv_kernel[(triton.cdiv(V, BVv), NT * (C // BR), B * H)](
+            q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
+            num_warps=4, **common)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
     dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=dev)
@@ -460,19 +490,21 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     if gate != NO_GATE:
         db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
     BVq = min(block(V), GRAD_BLOCK)
-    last_launch["dqk"] = _dqk_kernel[(triton.cdiv(K, BK), NT * (C // BR), B * H)](
-        q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
-        BR=BR, BK=BK, BV=BVq, num_warps=4, **common)
+    with _stage(timer, "dq, dk"):
+        last_launch["dqk"] = _dqk_kernel[(triton.cdiv(K, BK), NT * (C // BR), B * H)](
+            q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
+            BR=BR, BK=BK, BV=BVq, num_warps=4, **common)
 
     # 6. dg: the final state's own decay on the last token, then a reverse cumulative sum over T
     dg = None
     if gate != NO_GATE:
-        if dsT is not None:
-            db[:, T - 1] += (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)   # [B, H, K]
-        if gate == HEAD_GATE:
-            db = db.sum(-1)                                             # one gate per head: [B, T, H]
-        dg = outputs.empty(g.shape, dtype=g.dtype, device=dev)
-        dg.copy_(db.flip(1).cumsum(1).flip(1))
+        with _stage(timer, "dg (reverse cumsum)"):
+            if dsT is not None:
+                db[:, T - 1] += (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)   # [B, H, K]
+            if gate == HEAD_GATE:
+                db = db.sum(-1)                                         # one gate per head: [B, T, H]
+            dg = outputs.empty(g.shape, dtype=g.dtype, device=dev)
+            dg.copy_(db.flip(1).cumsum(1).flip(1))
     if ds0 is not None:
         ds0 = ds0.to(s0.dtype)
     return dq, dk, dv, dg, ds0
