@@ -78,25 +78,34 @@ def forward(q, k, v, g, initial_state, plan):
     vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
     gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
 
-    if gc is None:
-        P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
-    else:
-        P = gla_tiles.intra_matrix(qc, kc, gc, plan.c, plan.mm) if gc.dim() == qc.dim() else \
-            intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)      # per head: (Q Kᵀ) ⊙ D
-    o = _mm(P, vc, plan.mm)                                           # [B, H, N, C, V] intra
-
     S0 = initial(initial_state, d, q.device)                          # [B, H, K, V]
     if gc is None:
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
         Sin, S = _state_pass(kc, vc, None, S0, plan.mm)               # [B, H, N, K, V], [B, H, K, V]
-        o = o + _mm(qc, Sin, plan.mm)                                 # + inter: Q S_[n-1]
+        q_abs = qc                                                    # [B, H, N, C, K]
     else:
-        gd = decay.per_dim(gc, qc)                                    # [B, H, N, C, K or 1]
-        Sin, S = _state_pass(kc * decay.key_decay(gd), vc, decay.total_decay(gd), S0, plan.mm)
-        o = o + _mm(qc * decay.query_decay(gd), Sin, plan.mm)         # + inter: (Q ⊙ Λ) S_[n-1]
+        lam, Gam, gam, f = chunk_decays(gc, qc)                       # Λ, Γ [B,H,N,C,K or 1], γ
+        if f is None:                                                 # per head: (Q Kᵀ) ⊙ D
+            P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)
+        else:
+            P = gla_tiles.intra_matrix(qc, kc, f, plan.c, plan.mm)   # [B, H, N, C, C]
+        Sin, S = _state_pass(kc * Gam, vc, gam, S0, plan.mm)          # [B, H, N, K, V], [B, H, K, V]
+        q_abs = qc * lam                                              # [B, H, N, C, K]  Q ⊙ Λ
+    o = _mm(P, vc, plan.mm) + _mm(q_abs, Sin, plan.mm)                # [B, H, N, C, V] intra + inter
 
     out = outputs.empty((d.B, d.T, d.H, d.V), dtype=d.acc, device=q.device)
     out[:] = decay.unchunked(o, d.T)
     return out.to(v.dtype), S, Sin
+
+
+def chunk_decays(gc, qc):
+    """Λ, Γ (the chunk's query and key decays, [B, H, N, C, K or 1]) and γ ([B, H, N, K or 1]),
+    and for per-dimension gates the tile factors of `gla_tiles` (None for per-head gates)."""
+    if gc.dim() == qc.dim():
+        f = gla_tiles.factors(gc)                                     # one sweep: tiles and Λ, Γ, γ
+        return f.prefix.exp(), f.suffix.exp(), f.prefix[..., -1, :].exp(), f
+    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, 1]
+    return decay.query_decay(gd), decay.key_decay(gd), decay.total_decay(gd), None
 
 
 def _state_pass(k_abs, vc, gamma, S, mm):

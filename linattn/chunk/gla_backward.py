@@ -38,7 +38,7 @@ import torch
 from .. import decay, outputs
 from ..naive.linear import initial
 from . import gla_tiles
-from .gated import _causal, _state_pass, forward
+from .gated import _causal, _state_pass, chunk_decays, forward
 
 
 class ChunkwiseGated(torch.autograd.Function):
@@ -69,11 +69,11 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
     doc = (decay.chunked(do.to(d.acc), C) if do is not None           # [B, H, N, C, V]
            else torch.zeros_like(vc))
-    gd = None if gc is None else decay.per_dim(gc, qc)                # [B, H, N, C, K or 1]
-    one = torch.ones((), dtype=d.acc, device=dev)
-    lam = one if gd is None else decay.query_decay(gd)                # [B, H, N, C, K or 1] Λ
-    Gam = one if gd is None else decay.key_decay(gd)                  # [B, H, N, C, K or 1] Γ
-    gam = None if gd is None else decay.total_decay(gd)               # [B, H, N, K or 1]    γ
+    if gc is None:
+        lam = Gam = torch.ones((), dtype=d.acc, device=dev)           # no decay
+        gam = f = None
+    else:
+        lam, Gam, gam, f = chunk_decays(gc, qc)                       # Λ, Γ [B,H,N,C,K or 1], γ
 
     # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
     # exactly as the forward computed them, operand rounding included: both give one gradient.
@@ -106,8 +106,8 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
         dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
     else:
         # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
-        P = gla_tiles.intra_matrix(qc, kc, gc, plan.c, d.acc)        # [B, H, N, C, C]
-        dq_in, dk_in = gla_tiles.intra_grads(dP, qc, kc, gc)          # [B, H, N, C, K]  j < i, i > j
+        P = gla_tiles.intra_matrix(qc, kc, f, plan.c, d.acc)         # [B, H, N, C, C]
+        dq_in, dk_in = gla_tiles.intra_grads(dP, qc, kc, f)           # [B, H, N, C, K]  j < i, i > j
 
     dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
     read = lam * (doc @ Sin.transpose(-1, -2))                        # [B, H, N, C, K]  from S_[n-1]

@@ -10,9 +10,11 @@ diagonal tiles: halve the chunk, the lower-left block is one matmul split at the
 recurse into the two diagonal halves down to single tokens (whose decay is exp(0) = 1). A chunk
 of C tokens takes log2(C) levels; level s holds C/2s blocks of s × s, all batched into one matmul,
 and needs exponentials of [C, K] numbers only, instead of the C·c·K of the elementwise tiles.
+The segment sums of all levels come from one sweep of additions (`factors`), which also gives the
+chunk-level sums behind Λ, Γ and γ.
 
-Precision: each factor is exp of a segment summed on its own from the split point (a prefix or a
-suffix inside a half, `linattn.decay`), never a difference of long prefix sums. When a factor
+Precision: each factor is exp of a segment summed on its own (a prefix or a suffix inside a half,
+built from the totals of its sub-blocks), never a difference of long prefix sums. When a factor
 underflows, the true product is smaller still. The blocks of c × c and larger are the tensor-core
 tiles whose operands are rounded to `inter_dtype`; smaller blocks (inside the diagonal sub-chunk
 tiles) stay in float32, as the diagonal tiles of two-level chunking do.
@@ -21,50 +23,76 @@ C need not be a power of two: the chunk is padded (q = k = 0, g = 0) to one for 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from .. import decay
 
 
-def intra_matrix(q, k, g, c, mm):
-    """P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) for i ≥ j, 0 above: q, k, g [..., C, K] → [..., C, C]."""
+@dataclass
+class Factors:
+    """The split factors of every level, and the chunk's own log-decay sums, from one sweep.
+
+    levels: (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two);
+    F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t) for
+    the columns of each first half, both [..., C2/2s, s, K]. prefix [..., C, K] = b_t (Σ_{s ≤ t}),
+    suffix [..., C, K] = Σ_{s > t} g_s, inside the chunk: Λ = exp(prefix), Γ = exp(suffix).
+    """
+    levels: list
+    prefix: torch.Tensor
+    suffix: torch.Tensor
+
+
+def factors(g):
+    """One sweep up the levels (s = 1, 2, 4, …) builds every block's segment sums by additions.
+
+    Blocks of 2s tokens from two of s: the second half's prefix sums gain the first half's total,
+    the first half's suffix sums gain the second half's total. Every sum is still a segment summed
+    on its own (no difference of prefix sums), and exp is taken only of these sums ≤ 0.
+    """
+    C = g.shape[-2]
+    pre = _pad(g).clone()                                             # [..., C2, K] prefix in blocks of 1
+    suf = torch.zeros_like(pre)                                       # [..., C2, K] suffix in blocks of 1
+    levels, s = [], 1
+    while s < pre.shape[-2]:
+        p, u = pre.unflatten(-2, (-1, 2, s)), suf.unflatten(-2, (-1, 2, s))  # [..., C2/2s, 2, s, K]
+        levels.append((s, p[..., 1, :, :].exp(), u[..., 0, :, :].exp()))
+        u[..., 0, :, :] += p[..., 1, -1:, :]                          # + total of the second half
+        p[..., 1, :, :] += p[..., 0, -1:, :]                          # + total of the first half
+        s *= 2
+    return Factors(levels, pre[..., :C, :], suf[..., :C, :])
+
+
+def intra_matrix(q, k, f, c, mm):
+    """P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) for i ≥ j, 0 above: q, k [..., C, K] → [..., C, C].
+
+    f = factors(g). Blocks of s ≥ c round their operands to `mm`, smaller ones stay in q's dtype."""
     C = q.shape[-2]
-    q, k, g = (_pad(x) for x in (q, k, g))                            # [..., C2, K]
+    q, k = _pad(q), _pad(k)                                           # [..., C2, K]
     C2 = q.shape[-2]
     P = q.new_zeros(*q.shape[:-1], C2)                                # [..., C2, C2]
     P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))               # i = j: decay exp(0) = 1
-    for s, qf, kf in _levels(g):
+    for s, qf, kf in f.levels:
         q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
         k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
         _blocks(P, s).copy_(_dot(q_abs, k_abs, mm if s >= c else q.dtype))
     return P[..., :C, :C]
 
 
-def intra_grads(dP, q, k, g):
+def intra_grads(dP, q, k, f):
     """For strictly lower-triangular dP [..., C, C] (the gradient of P, diagonal left out):
     dq_i = Σ_{j < i} dP_ij k_j ⊙ exp(b_i − b_j) and dk_j = Σ_{i > j} dP_ij q_i ⊙ exp(b_i − b_j),
     with the same blocks and factors as `intra_matrix`, in float32 (float64 for float64)."""
     C = q.shape[-2]
-    q, k, g = (_pad(x) for x in (q, k, g))                            # [..., C2, K]
+    q, k = _pad(q), _pad(k)                                           # [..., C2, K]
     dP = _pad(_pad(dP).transpose(-1, -2)).transpose(-1, -2)           # [..., C2, C2]
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)                 # [..., C2, K]
-    for s, qf, kf in _levels(g):
+    for s, qf, kf in f.levels:
         dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
         _half(dq, s, 1).add_(qf * (dPb @ (_half(k, s, 0) * kf)))      # rows ≥ m read keys < m
         _half(dk, s, 0).add_(kf * (dPb.transpose(-1, -2) @ (_half(q, s, 1) * qf)))
     return dq[..., :C, :], dk[..., :C, :]
-
-
-def _levels(g):
-    """(s, F_q, F_k) for s = C/2, C/4, …, 1: the split factors of the blocks of s × s.
-
-    F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t)
-    for the columns of each first half; both [..., C/2s, s, K]."""
-    s = g.shape[-2] // 2
-    while s >= 1:
-        yield s, decay.query_decay(_half(g, s, 1)).to(g.dtype), decay.key_decay(_half(g, s, 0)).to(g.dtype)
-        s //= 2
 
 
 def _half(x, s, which):
