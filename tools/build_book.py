@@ -2,7 +2,8 @@
 
     python tools/build_book.py [book/03_decay.py ...]
 
-Each py:percent chapter is converted to a notebook, executed in a fresh kernel from book/ (as a
+Each py:percent chapter is converted to a notebook (its Colab cell configured from
+[tool.linattn] in pyproject.toml, see tools/colab.py), executed in a fresh kernel from book/ (as a
 reader's Jupyter would), and saved with its outputs and figures to _build/book/<name>.ipynb.
 Stops with a non-zero exit if any chapter fails.
 """
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import jupytext
 import nbclient
-from jupyter_client.manager import KernelManager
+from traitlets.config import Config
+
+import colab  # tools/colab.py: the Colab cell's configured source and badge
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "_build" / "book"
@@ -24,13 +27,18 @@ OUT = ROOT / "_build" / "book"
 def execute(path: Path) -> float:
     nb = jupytext.read(str(path))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    try:
+        colab.configure(nb, f"book/{path.stem}")   # [tool.linattn] of pyproject.toml into the first cell
+    except ValueError as e:              # still runs; tests/test_colab.py fails on it
+        print(f"  note  {e} (python tools/colab.py --rewrite {path.relative_to(ROOT)})")
     t0 = time.perf_counter()
     # The kernel talks to us over local IPC sockets (files in a temporary directory), not TCP:
     # nothing leaves the machine, and ipykernel has no unencrypted TCP port to warn about.
     # `ip` is the sockets' path prefix; absolute, since the kernel runs in book/ and we do not.
+    # Configured, not passed in as km=, so that the client owns the kernel and shuts it down.
     with tempfile.TemporaryDirectory(prefix="linattn-kernel-") as sockets:
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-        nbclient.NotebookClient(nb, km=km, timeout=1800,
+        ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+        nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", config=ipc,
                                 resources={"metadata": {"path": str(path.parent)}}).execute()
     OUT.mkdir(parents=True, exist_ok=True)
     jupytext.write(nb, str(OUT / (path.stem + ".ipynb")), fmt="ipynb")
