@@ -75,7 +75,8 @@ def _ranges(names, args, kwargs):
 def _check(ptrs, mask, what):
     if not _launches:
         return
-    addr = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64)
+    on = np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)  # a mask may come as int32
+    addr = ptrs.data[on].astype(np.int64)
     if addr.size == 0:
         return
     size = ptrs.get_element_ty().primitive_bitwidth // 8

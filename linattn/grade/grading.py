@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import os
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -112,7 +113,10 @@ def _grade_case(ex: Exercise, fn, case: Case, limit=None):
 
 def _run_reader(fn, args, kwargs, limit):
     def call():
-        with outputs.poisoned(), _poisoned_empty(), bounds.checked():
+        with outputs.poisoned(), _poisoned_empty(), bounds.checked(), warnings.catch_warnings():
+            # NaN/inf from the reader's code are judged in the verdict; numpy's warnings about
+            # them (the interpreter computes with numpy) would only clutter the notebook
+            warnings.simplefilter("ignore", RuntimeWarning)
             return fn(*args, **kwargs)
 
     try:
