@@ -25,6 +25,7 @@ transition is the identity and whose write is zero, and the padded outputs are d
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -77,8 +78,11 @@ def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
 # The gate algebra (segment sums, query/key-side decays) is linattn.decay, shared with GLA.
 
 def to_chunks(x, C):
-    """[B, T, H, *] → [B, H, N, C, *], zero-padded to N = ⌈T / C⌉ whole chunks."""
-    return decay.chunked(x, C)
+    """[B, T, H, *] → [B, H, N, C, *], zero-padded to N = ⌈T / C⌉ whole chunks.
+
+    Contiguous: the chunks feed many batched matmuls, each of which would copy a strided view.
+    """
+    return decay.chunked(x, C).contiguous()
 
 
 def from_chunks(x, T):
@@ -100,31 +104,205 @@ def chunk_gates(g, d, C, device):
 def decayed_scores(a, b, gc, *, strict):
     """(a_i · b_j) e^{G_i − G_j} on the lower triangle (strict: i > j, else i ≥ j), 0 above.
 
-    a, b [.., C, K]; gc the chunk's raw log-gates [.., C, K or 1]. G_i − G_j is summed over the
-    segment (j, i] itself (decay.segment_sums), never as a difference of two long prefix sums.
+    a, b [.., C, K]; gc the chunk's raw log-gates [.., C, K or 1]. Every exponent is ≤ 0 or, on
+    the diagonal sub-chunk blocks of per-dimension gates, bounded (see `SubChunkGates`).
     """
-    C = a.shape[-2]
-    keep = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
-    if gc.shape[-1] == 1:  # one decay per head: a C×C factor times a plain matmul
-        E = decay.decay_mask(gc[..., 0]) * keep                        # [.., C, C]
-        return (a @ b.transpose(-1, -2)) * E
-    E = decay.pairwise_decay(gc) * keep[:, :, None]                    # [.., C, C, K]
-    return torch.einsum("...ik,...ijk,...jk->...ij", a, E, b)
+    return gate_geometry(gc).scores(a, b, strict=strict)
 
 
-def unit_lower_inverse(A):
-    """(I + A)⁻¹ for strictly lower-triangular A [.., C, C], by forward substitution.
+def gate_geometry(gc):
+    """The decay structure of the chunks with log-gates gc [.., C, K or 1] (None: no gates), built
+    once for the decays, several score matrices and their gradients."""
+    if gc is None:
+        return NoGates()
+    return HeadGates(gc) if gc.shape[-1] == 1 else SubChunkGates(gc)
 
-    Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too,
-    so row i only needs the first i columns of the rows above it. Out of place (rows are
-    collected, then stacked), so autograd can differentiate through it as well.
+
+class NoGates:
+    """DeltaNet: every decay is 1, the scores are plain causal dot products."""
+
+    def decays(self):
+        return None, None, None
+
+    def scores(self, a, b, *, strict):
+        return (a @ b.transpose(-1, -2)).tril(-1 if strict else 0)    # [.., C, C]
+
+    def grad(self, M, a, b):
+        return M @ b, M.transpose(-1, -2) @ a
+
+
+class HeadGates:
+    """One decay per head: e^{G_i − G_j} leaves the dot product as a C×C factor (the causal decay
+    mask, each segment (j, i] summed on its own by decay.segment_sums)."""
+
+    def __init__(self, gc):
+        C = gc.shape[-2]
+        self.gc = gc
+        self.E = decay.decay_mask(gc[..., 0])                          # [.., C, C], 0 above
+        self.strict = torch.ones(C, C, dtype=torch.bool, device=gc.device).tril(-1)
+
+    def decays(self):
+        """Λ = e^{G_i}, Γ = e^{G_C − G_i} [.., C, 1] and γ = e^{G_C} [.., 1] (see linattn.decay)."""
+        return (decay.query_decay(self.gc), decay.key_decay(self.gc),
+                decay.total_decay(self.gc))
+
+    def scores(self, a, b, *, strict):
+        E = self.E * self.strict if strict else self.E
+        return (a @ b.transpose(-1, -2)) * E                           # [.., C, C]
+
+    def grad(self, M, a, b):
+        """(da, db) of Σ_ij M_ij P_ij, P = scores(a, b): da = (M ⊙ E) b, db = (M ⊙ E)ᵀ a."""
+        Md = M * self.E                                                # [.., C, C]
+        return Md @ b, Md.transpose(-1, -2) @ a
+
+
+SUB = 16              # sub-chunk size for per-dimension gates (the largest divisor of C up to this)
+DIAG_DOT_RANGE = 60.0  # a diagonal block whose gates decay by more goes column by column (e^60 ≪ 3e38)
+
+
+class SubChunkGates:
+    """Per-dimension gates: secondary chunking, as linattn.triton.wy does, so that no [.., C, C, K]
+    pairwise-decay tensor is ever formed.
+
+    Split the chunk into sub-chunks of c tokens. For query i in sub-chunk I and key j in an earlier
+    sub-chunk J, split the segment (j, i] at the last token p before I:
+        e^{G_i − G_j} = e^{G_i − G_p} · e^{G_p − G_j},
+    the first a prefix inside I, the second the rest of J after j plus the whole sub-chunks in
+    between — both sums of log-gates ≤ 0, so the block is a plain matmul of decayed a and b.
+    Inside a diagonal block both tokens share a sub-chunk: with x_i the log-decay from the
+    sub-chunk's first token to i, e^{G_i − G_j} = e^{x_i} e^{−x_j}, a matmul whose second factor
+    is ≥ 1 but at most e^{DIAG_DOT_RANGE}. Sub-chunks whose gates decay more than that (strong
+    gates) are done column by column with each segment summed on its own, all exponents ≤ 0.
     """
+
+    def __init__(self, gc):
+        C = gc.shape[-2]
+        self.c = c = max(s for s in range(1, min(SUB, C) + 1) if C % s == 0)
+        self.ns = C // c
+        self.g = g = gc.unflatten(-2, (self.ns, c))                    # [.., ns, c, K]
+        # the inclusive prefix and the exclusive suffix inside each sub-chunk, as one matmul with
+        # 0/1 matrices: sums of log-gates ≤ 0, so any summation order is accurate
+        ones = torch.ones(c, c, dtype=g.dtype, device=g.device)
+        sums = torch.cat([ones.tril(), ones.triu(1)]) @ g             # [.., ns, 2c, K]
+        self.pre, self.suf = sums[..., :c, :], sums[..., c:, :]        # G_i − G_p, Σ of the rest after i
+        self.tot = self.pre[..., -1, :]                                # [.., ns, K] whole sub-chunks
+        self.into, self.esuf = self.pre.exp(), self.suf.exp()          # both ≤ 1
+        # diagonal blocks: e^{G_i − G_j} = e^{−suf_i} e^{suf_j}, the first factor ≤ e^{range}
+        self.steep = self.suf[..., 0, :].amin(-1) < -DIAG_DOT_RANGE   # [.., ns]: column by column
+        self.any_steep = bool(self.steep.any())                       # one host sync
+        self.enx = self.esuf.clamp(min=math.exp(-DIAG_DOT_RANGE)).reciprocal()  # e^{−suf} ≤ e^60
+
+    def decays(self):
+        """Λ = e^{G_i}, Γ = e^{G_C − G_i} [.., C, K] and γ = e^{G_C} [.., K] from the sub-chunk sums:
+        the whole sub-chunks before / after a token's own are added as sums ≤ 0."""
+        before = torch.cat([torch.zeros_like(self.tot[..., :1, :]), self.tot[..., :-1, :].cumsum(-2)], -2)
+        after = decay.suffix(self.tot)                                 # [.., ns, K]
+        Lam = (self.pre + before[..., None, :]).exp().flatten(-3, -2)
+        Gam = (self.suf + after[..., None, :]).exp().flatten(-3, -2)
+        return Lam, Gam, self.tot.sum(-2).exp()
+
+    def _between(self):
+        """Yield (δ, e^{G_p − G_e} [.., ns − δ, 1, K]): the decay over the whole sub-chunks between
+        key sub-chunk J = 0..ns−δ−1 and query sub-chunk I = J + δ (e: J's last token)."""
+        between = torch.zeros_like(self.tot[..., :self.ns - 1, :])     # [.., ns − δ, K]
+        for dlt in range(1, self.ns):
+            if dlt > 1:
+                between = between[..., :self.ns - dlt, :] + self.tot[..., dlt - 1:self.ns - 1, :]
+            yield dlt, between.exp()[..., None, :]
+
+    def _blocks(self, P, dlt):
+        """The blocks (I, I − δ) of P [.., C, C] as a view [.., c, c, ns − δ]."""
+        P6 = P.unflatten(-1, (self.ns, self.c)).unflatten(-3, (self.ns, self.c))  # [.., I, i, J, j]
+        return torch.diagonal(P6, offset=-dlt, dim1=-4, dim2=-2)
+
+    def scores(self, a, b, *, strict):
+        c, ns = self.c, self.ns
+        a, b = a.unflatten(-2, (ns, c)), b.unflatten(-2, (ns, c))      # [.., ns, c, K]
+        P = torch.zeros(a.shape[:-3] + (ns * c, ns * c), dtype=a.dtype, device=a.device)
+        ah, bs = a * self.into, b * self.esuf                          # decayed to I's start / J's end
+        for dlt, eb in self._between():                                # blocks left of the diagonal
+            blk = ah[..., dlt:, :, :] @ (bs[..., :ns - dlt, :, :] * eb).transpose(-1, -2)
+            self._blocks(P, dlt).copy_(blk.movedim(-3, -1))            # [.., ns − δ, c, c]
+        keep = torch.ones(c, c, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
+        diag = ((a * self.enx) @ bs.transpose(-1, -2)) * keep          # [.., ns, c, c]
+        if self.any_steep:
+            diag[self.steep] = self._columns(a[self.steep], b[self.steep], self.g[self.steep],
+                                             strict)
+        self._blocks(P, 0).copy_(diag.movedim(-3, -1))
+        return P
+
+    def _columns(self, a, b, g, strict, M=None):
+        """Diagonal blocks column by column: a, b, g [m, c, K]. Without M the scores [m, c, c];
+        with M [m, c, c] the gradients (da, db) of Σ M ⊙ scores."""
+        c = self.c
+        rows = torch.arange(c, device=a.device)[:, None]               # [c, 1]
+        out = [] if M is None else (torch.zeros_like(a), torch.zeros_like(b))
+        for j in range(c):
+            seg = g.masked_fill(rows <= j, 0).cumsum(-2)               # Σ_{j < s ≤ i} g_s, [m, c, K]
+            E = seg.exp().masked_fill(rows < (j + 1 if strict else j), 0)
+            if M is None:
+                out.append((a * E * b[:, j:j + 1, :]).sum(-1))          # column j, [m, c]
+            else:
+                w = M[:, :, j:j + 1] * E                               # [m, c, K]
+                out[0].add_(w * b[:, j:j + 1, :])
+                out[1][:, j] = (w * a).sum(-2)
+        return torch.stack(out, -1) if M is None else out
+
+    def grad(self, M, a, b):
+        """(da, db) of Σ_ij M_ij P_ij with P = scores(a, b); M [.., C, C] zero above the diagonal."""
+        c, ns = self.c, self.ns
+        a, b = a.unflatten(-2, (ns, c)), b.unflatten(-2, (ns, c))      # [.., ns, c, K]
+        ah, bs = a * self.into, b * self.esuf
+        dah, dbs = torch.zeros_like(a), torch.zeros_like(b)            # w.r.t. ah and bs
+        for dlt, eb in self._between():
+            Mb = self._blocks(M, dlt).movedim(-1, -3)                  # [.., ns − δ, c, c]
+            dah[..., dlt:, :, :] += Mb @ (bs[..., :ns - dlt, :, :] * eb)
+            dbs[..., :ns - dlt, :, :] += (Mb.transpose(-1, -2) @ ah[..., dlt:, :, :]) * eb
+        Md = self._blocks(M, 0).movedim(-1, -3)                        # [.., ns, c, c]
+        Mf = Md.masked_fill(self.steep[..., None, None], 0) if self.any_steep else Md
+        da = dah * self.into + (Mf @ bs) * self.enx
+        db = (dbs + Mf.transpose(-1, -2) @ (a * self.enx)) * self.esuf
+        if self.any_steep:
+            m = self.steep
+            da_s, db_s = self._columns(a[m], b[m], self.g[m], False, M=Md[m])
+            da[m] += da_s
+            db[m] += db_s
+        return da.flatten(-3, -2), db.flatten(-3, -2)
+
+
+def unit_lower_inverse(A, block=SUB):
+    """(I + A)⁻¹ for strictly lower-triangular A [.., C, C]: blocked forward substitution.
+
+    Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too.
+    The diagonal blocks of `block` rows are inverted that way, row by row; then, block row after
+    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once (two matmuls per block
+    row). Out of place (rows are collected and concatenated), so autograd can differentiate it.
+    """
+    C = A.shape[-1]
+    nb = -(-C // block)
+    if nb == 1:
+        return _substitute(A)
+    pad = nb * block - C                                               # I + 0 on the padding
+    A = torch.nn.functional.pad(A, (0, pad, 0, pad))
+    blocks = A.unflatten(-2, (nb, block))                              # [.., nb, b, nb·b]
+    D = _substitute(torch.stack([blocks[..., i, :, i * block:(i + 1) * block] for i in range(nb)], -3))
+    X = D[..., 0, :, :]                                                # [.., b, b]: done so far
+    for i in range(1, nb):
+        r = i * block
+        row = -D[..., i, :, :] @ (blocks[..., i, :, :r] @ X)           # [.., b, r]
+        top = torch.cat([X, X.new_zeros(X.shape[:-1] + (block,))], -1)
+        X = torch.cat([top, torch.cat([row, D[..., i, :, :]], -1)], -2)
+    return X[..., :C, :C]
+
+
+def _substitute(A):
+    """(I + A)⁻¹ row by row for a small strictly lower-triangular A [.., c, c]."""
     C = A.shape[-1]
     eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape)
     rows = [eye[..., 0, :]]                                            # [.., C] each
     for i in range(1, C):
         above = torch.stack(rows, -2)                                  # [.., i, C]
-        rows.append(eye[..., i, :] - (A[..., i:i + 1, :i] @ above).squeeze(-2))
+        rows.append(eye[..., i, :] - (A[..., i:i + 1, :i] @ above[..., :i, :]).squeeze(-2))
     return torch.stack(rows, -2)
 
 
@@ -147,17 +325,22 @@ class Factors:
 
 def factors(q, k, v, g, beta, d, C, *, delta):
     """The WY factors of every chunk at once (for linear attention / GLA: U = V, W = None)."""
-    dev = q.device
     q, k, v_ = (to_chunks(x.to(d.acc), C) for x in (q, k, v))        # [B, H, N, C, *]
-    gc = chunk_gates(g, d, C, dev)                                     # [B, H, N, C, K|1]
-    Qg = q * decay.query_decay(gc)                                     # e^{G_i}, ≤ 1
-    Kdec = k * decay.key_decay(gc)                                     # e^{G_C − G_i}, summed from the end
-    last = decay.total_decay(gc)[..., None].expand(d.B, d.H, gc.shape[2], d.K, 1)  # [B, H, N, K, 1]
-    Aqk = decayed_scores(q, k, gc, strict=False)                       # [B, H, N, C, C]
+    geo = gate_geometry(None if g is None else chunk_gates(g, d, C, q.device))
+    Lam, Gam, gam = geo.decays()                                       # e^{G_i}, e^{G_C − G_i}, e^{G_C}
+    Qg, Kdec = decayed(q, Lam), decayed(k, Gam)                        # [B, H, N, C, K]
+    shape = (d.B, d.H, q.shape[2], d.K, 1)
+    last = q.new_ones(shape) if gam is None else gam[..., None].expand(shape)  # [B, H, N, K, 1]
+    Aqk = geo.scores(q, k, strict=False)                               # [B, H, N, C, C]
     if not delta:
         return Factors(Qg, Kdec, last, Aqk, v_, None)
-    U, W = wy_factors(k, v_, gc, to_chunks(beta.to(d.acc)[..., None], C)[..., 0])
+    U, W = _wy(geo, k, v_, Lam, to_chunks(beta.to(d.acc)[..., None], C))
     return Factors(Qg, Kdec, last, Aqk, U, W)
+
+
+def decayed(x, e):
+    """x ⊙ e, where e = None means no decay."""
+    return x if e is None else x * e
 
 
 def wy_factors(k, v, g, beta):
@@ -166,32 +349,39 @@ def wy_factors(k, v, g, beta):
     k [.., C, K]; v [.., C, V]; g [.., C, K or 1] the chunk's raw log-gates; beta [.., C].
     (I + A) Ṽ = diag(β)(V − (K ⊙ e^G) S) with A_ij = β_i (k_i ⊙ e^{G_i − G_j}) · k_j for i > j.
     """
-    b = beta[..., None]                                                # [.., C, 1]: β_i on row i
-    A = b * decayed_scores(k, k, g, strict=True)                       # [.., C, C]
+    geo = gate_geometry(g)
+    return _wy(geo, k, v, geo.decays()[0], beta[..., None])
+
+
+def _wy(geo, k, v, Lam, b):
+    """U = T diag(β) V, W = T diag(β)(K ⊙ Λ) with T = (I + A)⁻¹; b = β [.., C, 1] on row i."""
+    A = b * geo.scores(k, k, strict=True)                              # [.., C, C]
     Tinv = unit_lower_inverse(A)
-    return Tinv @ (b * v), Tinv @ (b * k * decay.query_decay(g))      # [.., C, V], [.., C, K]
+    return Tinv @ (b * v), Tinv @ (b * decayed(k, Lam))               # [.., C, V], [.., C, K]
 
 
 def state_pass(f: Factors, d, S, output_final_state, out_dtype):
     """Walk the chunks in order: residuals from the entering state, outputs, next state."""
-    Sin, S = entering_states(f, S)                                     # [B, H, N, K, V]
+    Sin, S, Vt = entering_states(f, S)                                 # [B, H, N, K, V]
     o = outputs.empty(f.U.shape[:4] + (d.V,), dtype=d.acc, device=f.Qg.device)
-    o[:] = chunk_outputs(f, Sin, d.scale)
+    o[:] = chunk_outputs(f, Sin, Vt, d.scale)
     return from_chunks(o, d.T).to(out_dtype), (S if output_final_state else None)
 
 
 def entering_states(f: Factors, S):
-    """The only sequential part: the state entering every chunk [B, H, N, K, V], and the last one.
+    """The only sequential part: the state entering every chunk [B, H, N, K, V], the last state,
+    and the residuals Ṽ [B, H, N, C, V].
 
     Per chunk two small matmuls, Ṽ = U − W S and S' = e^{G_C} S + Kdecᵀ Ṽ; the outputs, which
-    need only the entering state, follow for all chunks at once (`chunk_outputs`).
+    need only the entering state and Ṽ, follow for all chunks at once (`chunk_outputs`).
     """
-    entering = []
+    entering, Vts = [], []
     for n in range(f.U.shape[2]):
         entering.append(S)
         Vt = f.U[:, :, n] if f.W is None else f.U[:, :, n] - f.W[:, :, n] @ S   # [B, H, C, V]
+        Vts.append(Vt)
         S = f.last[:, :, n] * S + f.Kdec[:, :, n].transpose(-1, -2) @ Vt       # [B, H, K, V]
-    return torch.stack(entering, 2), S
+    return torch.stack(entering, 2), S, torch.stack(Vts, 2)
 
 
 def residuals(f: Factors, Sin):
@@ -199,6 +389,6 @@ def residuals(f: Factors, Sin):
     return f.U if f.W is None else f.U - f.W @ Sin
 
 
-def chunk_outputs(f: Factors, Sin, scale):
+def chunk_outputs(f: Factors, Sin, Vt, scale):
     """O = scale · (Qg S + Aqk Ṽ) of every chunk at once, [B, H, N, C, V]."""
-    return scale * (f.Qg @ Sin + f.Aqk @ residuals(f, Sin))
+    return scale * (f.Qg @ Sin + f.Aqk @ Vt)

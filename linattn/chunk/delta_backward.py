@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import decay, outputs
+from .. import outputs
 from ..naive.linear import initial
 from . import delta
 
@@ -49,9 +49,9 @@ class DeltaChunkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, d, C, recompute):
         f = delta.factors(q, k, v, g, beta, d, C, delta=True)
-        Sin, S = delta.entering_states(f, initial(initial_state, d, q.device))
+        Sin, S, Vt = delta.entering_states(f, initial(initial_state, d, q.device))
         o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=v.device)
-        o[:] = delta.from_chunks(delta.chunk_outputs(f, Sin, d.scale), d.T)
+        o[:] = delta.from_chunks(delta.chunk_outputs(f, Sin, Vt, d.scale), d.T)
         ctx.d, ctx.C, ctx.gated, ctx.has_init = d, C, g is not None, initial_state is not None
         ctx.save_for_backward(q, k, v, g, beta, initial_state, None if recompute else Sin)
         return o, S
@@ -78,18 +78,20 @@ def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
     acc, dev = d.acc, q.device
     qc, kc, vc = (delta.to_chunks(x.to(acc), C) for x in (q, k, v))   # [B, H, N, C, *]
     bc = delta.to_chunks(beta.to(acc)[..., None], C)                  # [B, H, N, C, 1]
-    gc = delta.chunk_gates(g, d, C, dev)                              # [B, H, N, C, K|1]
-    Lam, Gam = decay.query_decay(gc), decay.key_decay(gc)             # [B, H, N, C, K|1]
-    gam = decay.total_decay(gc)[..., None]                            # [B, H, N, K|1, 1]
-    Qg, Kl, Kdec = qc * Lam, kc * Lam, kc * Gam                       # [B, H, N, C, K]
-    Akk = delta.decayed_scores(kc, kc, gc, strict=True)               # [B, H, N, C, C]
-    Aqk = delta.decayed_scores(qc, kc, gc, strict=False)              # [B, H, N, C, C]
+    geo = delta.gate_geometry(None if g is None else delta.chunk_gates(g, d, C, dev))
+    Lam, Gam, gam = geo.decays()                                      # None without gates
+    Qg, Kl, Kdec = (delta.decayed(x, e) for x, e in ((qc, Lam), (kc, Lam), (kc, Gam)))  # [.., C, K]
+    Akk = geo.scores(kc, kc, strict=True)                             # [B, H, N, C, C]
+    Aqk = geo.scores(qc, kc, strict=False)                            # [B, H, N, C, C]
     Tm = delta.unit_lower_inverse(bc * Akk)                           # [B, H, N, C, C]
     U, W = Tm @ (bc * vc), Tm @ (bc * Kl)                             # [.., C, V], [.., C, K]
-    f = delta.Factors(Qg, Kdec, gam.expand(*gam.shape[:3], d.K, 1), Aqk, U, W)
+    shape = (d.B, d.H, qc.shape[2], d.K, 1)
+    last = qc.new_ones(shape) if gam is None else gam[..., None].expand(shape)   # [B, H, N, K, 1]
+    f = delta.Factors(Qg, Kdec, last, Aqk, U, W)
     if Sin is None:                                                   # recompute=True
-        Sin = delta.entering_states(f, initial(initial_state, d, dev))[0]   # [B, H, N, K, V]
-    Vt = delta.residuals(f, Sin)                                      # [B, H, N, C, V]
+        Sin, _, Vt = delta.entering_states(f, initial(initial_state, d, dev))   # [B, H, N, K, V]
+    else:
+        Vt = delta.residuals(f, Sin)                                  # [B, H, N, C, V]
 
     # 1. reverse pass: dS' of every chunk and dṼ
     dO = delta.to_chunks((do if do is not None else torch.zeros_like(v)).to(acc), C) * d.scale
@@ -100,14 +102,13 @@ def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
     for n in reversed(range(Sin.shape[2])):
         dSout[:, :, n] = dS                                           # [B, H, K, V]
         dVt[:, :, n] = Y[:, :, n] + Kdec[:, :, n] @ dS                # [B, H, C, V]
-        dS = X[:, :, n] - W[:, :, n].transpose(-1, -2) @ dVt[:, :, n] + gam[:, :, n] * dS
+        dS = X[:, :, n] - W[:, :, n].transpose(-1, -2) @ dVt[:, :, n] + last[:, :, n] * dS
 
     # 2. per-chunk factor gradients
     St = Sin.transpose(-1, -2)                                        # [B, H, N, V, K]
     dQg = dO @ St                                                     # [B, H, N, C, K]
     dAqk = (dO @ Vt.transpose(-1, -2)).tril()                         # [B, H, N, C, C]
     dKdec = Vt @ dSout.transpose(-1, -2)                              # [B, H, N, C, K]
-    dgam = (dSout * Sin).sum(-1)                                      # [B, H, N, K]
     dW = -(dVt @ St)                                                  # [B, H, N, C, K]
 
     # 3. through the WY/UT transform
@@ -122,12 +123,25 @@ def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
     # of the gate gradient: its two terms q⊙dq and −k⊙dk would cancel exactly in exact
     # arithmetic, but in float32 they leave an O(ε) error against a gate gradient that strong
     # decays make tiny.
-    dq_s, dk_s = decayed_scores_grad(dAqk.tril(-1), qc, kc, gc)
-    dk_a, dk_b = decayed_scores_grad(bc * dA, kc, kc, gc)
+    dq_s, dk_s = geo.grad(dAqk.tril(-1), qc, kc)
+    dk_a, dk_b = geo.grad(bc * dA, kc, kc)
     diag = dAqk.diagonal(0, -2, -1)[..., None]                        # [B, H, N, C, 1]
-    dq = dq_s + diag * kc + Lam * dQg
-    dk = dk_s + diag * qc + dk_a + dk_b + Lam * dKl + Gam * dKdec
-    # gate gradients: dG_i for the terms that depend on the prefix G_i (they reach g_s, s ≤ i) ...
+    dq = dq_s + diag * kc + delta.decayed(dQg, Lam)
+    dk = dk_s + diag * qc + dk_a + dk_b + delta.decayed(dKl, Lam) + delta.decayed(dKdec, Gam)
+    dg = None if g is None else gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a,
+                                          dk_b, dQg, dKl, dKdec, (dSout * Sin).sum(-1))
+    return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
+            dg, delta.from_chunks(dbeta[..., None], d.T)[..., 0],
+            dS if initial_state is not None else None)
+
+
+def gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a, dk_b, dQg, dKl, dKdec, dgam):
+    """dg in g's shape from the gradients of everything the gates decay (module docstring).
+
+    dq_s, dk_s: of Aqk without its diagonal; dk_a, dk_b: of Akk's two key sides; dQg, dKl,
+    dKdec: of Q ⊙ Λ, K ⊙ Λ and K ⊙ Γ; dgam [B, H, N, K]: of γ, Σ_v dS' ⊙ S.
+    """
+    # dG_i for the terms that depend on the prefix G_i (they reach g_s, s ≤ i) ...
     dG = qc * dq_s - kc * dk_s + kc * (dk_a - dk_b) + Qg * dQg + Kl * dKl   # [B, H, N, C, K]
     dgc = dG.flip(-2).cumsum(-2).flip(-2)                             # dg_s = Σ_{i ≥ s} dG_i
     # ... Γ_i = e^{Σ_{s > i} g_s} reaches g_s for s > i only: an exclusive prefix sum (added
@@ -135,24 +149,7 @@ def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
     KdK = (Kdec * dKdec).cumsum(-2)                                   # [B, H, N, C, K]
     dgc[..., 1:, :] += KdK[..., :-1, :]
     # ... and γ = e^{G_C} reaches every gate of the chunk
-    dgc = dgc + (gam[..., 0] * dgam)[..., None, :]                    # [B, H, N, C, K]
-    dg = None
-    if g is not None:
-        dg = delta.from_chunks(dgc if g.dim() == 4 else dgc.sum(-1, keepdim=True), d.T)
-        dg = dg if g.dim() == 4 else dg[..., 0]
-    return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
-            dg, delta.from_chunks(dbeta[..., None], d.T)[..., 0],
-            dS if initial_state is not None else None)
-
-
-def decayed_scores_grad(M, a, b, gc):
-    """(da, db) for P = decayed_scores(a, b, gc) and dP = M [.., C, C] (zero where P is 0).
-
-    da_i = Σ_j M_ij b_j ⊙ e^{G_i − G_j},  db_j = Σ_i M_ij a_i ⊙ e^{G_i − G_j}; only i ≥ j counts.
-    """
-    if gc.shape[-1] == 1:  # one decay per head: the C×C factor moves onto M
-        Md = M * decay.decay_mask(gc[..., 0])                         # [.., C, C]
-        return Md @ b, Md.transpose(-1, -2) @ a
-    E = decay.pairwise_decay(gc)                                      # [.., C, C, K], 0 above
-    return (torch.einsum("...ij,...ijk,...jk->...ik", M, E, b),
-            torch.einsum("...ij,...ijk,...ik->...jk", M, E, a))
+    dgc = dgc + (gam * dgam)[..., None, :]                            # [B, H, N, C, K]
+    if g.dim() == 3:                                                  # one gate per head
+        return delta.from_chunks(dgc.sum(-1, keepdim=True), d.T)[..., 0]
+    return delta.from_chunks(dgc, d.T)
