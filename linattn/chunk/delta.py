@@ -98,7 +98,7 @@ def chunk_gates(g, d, C, device):
     if g is None:
         return torch.zeros(d.B, d.H, -(-d.T // C), C, 1, dtype=d.acc, device=device)
     g = g[..., None] if g.dim() == 3 else g                            # [B, T, H, K or 1]
-    return decay.chunked(g.to(d.acc), C)
+    return decay.chunked(g.to(d.acc), C).contiguous()
 
 
 def decayed_scores(a, b, gc, *, strict):
@@ -180,25 +180,26 @@ class SubChunkGates:
         self.c = c = max(s for s in range(1, min(SUB, C) + 1) if C % s == 0)
         self.ns = C // c
         self.g = g = gc.unflatten(-2, (self.ns, c))                    # [.., ns, c, K]
-        # the inclusive prefix and the exclusive suffix inside each sub-chunk, as one matmul with
-        # 0/1 matrices: sums of log-gates ≤ 0, so any summation order is accurate
+        # the inclusive prefix and the exclusive suffix inside each sub-chunk, as matmuls with 0/1
+        # matrices: sums of log-gates ≤ 0, so any summation order is accurate
         ones = torch.ones(c, c, dtype=g.dtype, device=g.device)
-        sums = torch.cat([ones.tril(), ones.triu(1)]) @ g             # [.., ns, 2c, K]
-        self.pre, self.suf = sums[..., :c, :], sums[..., c:, :]        # G_i − G_p, Σ of the rest after i
+        self.pre = ones.tril() @ g                                     # [.., ns, c, K] G_i − G_p
+        self.suf = ones.triu(1) @ g                                    # Σ of the rest after i
         self.tot = self.pre[..., -1, :]                                # [.., ns, K] whole sub-chunks
         self.into, self.esuf = self.pre.exp(), self.suf.exp()          # both ≤ 1
         # diagonal blocks: e^{G_i − G_j} = e^{−suf_i} e^{suf_j}, the first factor ≤ e^{range}
         self.steep = self.suf[..., 0, :].amin(-1) < -DIAG_DOT_RANGE   # [.., ns]: column by column
         self.any_steep = bool(self.steep.any())                       # one host sync
         self.enx = self.esuf.clamp(min=math.exp(-DIAG_DOT_RANGE)).reciprocal()  # e^{−suf} ≤ e^60
+        self._keys = None
 
     def decays(self):
         """Λ = e^{G_i}, Γ = e^{G_C − G_i} [.., C, K] and γ = e^{G_C} [.., K] from the sub-chunk sums:
         the whole sub-chunks before / after a token's own are added as sums ≤ 0."""
         before = torch.cat([torch.zeros_like(self.tot[..., :1, :]), self.tot[..., :-1, :].cumsum(-2)], -2)
         after = decay.suffix(self.tot)                                 # [.., ns, K]
-        Lam = (self.pre + before[..., None, :]).exp().flatten(-3, -2)
-        Gam = (self.suf + after[..., None, :]).exp().flatten(-3, -2)
+        Lam = (self.into * before.exp()[..., None, :]).flatten(-3, -2)  # [.., C, K]
+        Gam = (self.esuf * after.exp()[..., None, :]).flatten(-3, -2)
         return Lam, Gam, self.tot.sum(-2).exp()
 
     def _between(self):
@@ -210,6 +211,13 @@ class SubChunkGates:
                 between = between[..., :self.ns - dlt, :] + self.tot[..., dlt - 1:self.ns - 1, :]
             yield dlt, between.exp()[..., None, :]
 
+    def _key_side(self, b):
+        """b ⊙ e^{suf} (keys decayed to their sub-chunk's end), kept for the next score matrix with
+        the same keys (Aqk and Akk share K)."""
+        if self._keys is None or self._keys[0] is not b:
+            self._keys = (b, b.unflatten(-2, (self.ns, self.c)) * self.esuf)   # [.., ns, c, K]
+        return self._keys[1]
+
     def _blocks(self, P, dlt):
         """The blocks (I, I − δ) of P [.., C, C] as a view [.., c, c, ns − δ]."""
         P6 = P.unflatten(-1, (self.ns, self.c)).unflatten(-3, (self.ns, self.c))  # [.., I, i, J, j]
@@ -217,9 +225,10 @@ class SubChunkGates:
 
     def scores(self, a, b, *, strict):
         c, ns = self.c, self.ns
+        bs = self._key_side(b)                                         # decayed to J's end
         a, b = a.unflatten(-2, (ns, c)), b.unflatten(-2, (ns, c))      # [.., ns, c, K]
         P = torch.zeros(a.shape[:-3] + (ns * c, ns * c), dtype=a.dtype, device=a.device)
-        ah, bs = a * self.into, b * self.esuf                          # decayed to I's start / J's end
+        ah = a * self.into                                             # decayed from I's start
         for dlt, eb in self._between():                                # blocks left of the diagonal
             blk = ah[..., dlt:, :, :] @ (bs[..., :ns - dlt, :, :] * eb).transpose(-1, -2)
             self._blocks(P, dlt).copy_(blk.movedim(-3, -1))            # [.., ns − δ, c, c]
@@ -251,8 +260,9 @@ class SubChunkGates:
     def grad(self, M, a, b):
         """(da, db) of Σ_ij M_ij P_ij with P = scores(a, b); M [.., C, C] zero above the diagonal."""
         c, ns = self.c, self.ns
+        bs = self._key_side(b)
         a, b = a.unflatten(-2, (ns, c)), b.unflatten(-2, (ns, c))      # [.., ns, c, K]
-        ah, bs = a * self.into, b * self.esuf
+        ah = a * self.into
         dah, dbs = torch.zeros_like(a), torch.zeros_like(b)            # w.r.t. ah and bs
         for dlt, eb in self._between():
             Mb = self._blocks(M, dlt).movedim(-1, -3)                  # [.., ns − δ, c, c]
