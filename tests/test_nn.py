@@ -16,19 +16,11 @@ from linattn.validate import InputError
 
 D, H = 32, 2
 NAMES = list(lnn.LAYERS)
-# The chunkwise delta rules are not differentiable by plain autograd (their WY solve writes in
-# place); until their hand-written backward lands these layers train through the naive level.
-TRAIN_IMPL = {"deltanet": "naive", "gated_deltanet": "naive", "kda": "naive"}
 
 
 def make(name, seed=0, **kw):
     torch.manual_seed(seed)
     return lnn.LAYERS[name](D, H, **kw)
-
-
-def train_impl(name):
-    """The level the gradient test trains through on the CPU (chunk once it has a backward)."""
-    return TRAIN_IMPL.get(name, "chunk")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,8 +86,7 @@ def test_bad_inputs_fail_by_name(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_reach_every_parameter_and_training_lowers_the_loss(name):
-    kw = {} if name == "softmax" else {"impl": train_impl(name)}
-    layer = make(name, **kw)
+    layer = make(name)                       # impl="auto": the chunkwise level and its backward
     gen = torch.Generator().manual_seed(3)
     x, target = torch.randn(2, 9, D, generator=gen), torch.randn(2, 9, D, generator=gen)
     opt = torch.optim.Adam(layer.parameters(), lr=1e-2)
