@@ -343,29 +343,31 @@ assert e_prefix > 0.5
 # %% [markdown]
 # ## 6. The delta rule's backward through $(I + A)^{-1}$
 #
-# Chapter 07's chunk forward of the delta rule (and KDA) goes through the WY/UT transform:
+# Chapter 07's chunk forward of the delta rule (and KDA) goes through the WY/UT transform. With
+# $b$ the chunk's cumulative log-gates, $\Lambda$, $\Gamma$, $\gamma$ as before and $S$ the entering state:
 #
-# $$A = \operatorname{diag}(\beta)\,\operatorname{tril}_{-1}\!\big(K_\Lambda K_\Lambda^{-\top}\big),\quad
+# $$A_{ij} = \beta_i \textstyle\sum_\kappa k_{i\kappa}k_{j\kappa}e^{b_{i\kappa}-b_{j\kappa}}\ (i > j),\quad
 #   T = (I + A)^{-1},\quad U = T\operatorname{diag}(\beta)V,\quad W = T\operatorname{diag}(\beta)(K\odot\Lambda),$$
 # $$\tilde V = U - W S,\qquad O = \text{scale}\,\big((Q\odot\Lambda) S + A_{qk}\tilde V\big),\qquad
-#   S' = \operatorname{diag}(\gamma) S + (K\odot\Gamma)^\top\tilde V$$
+#   S' = \operatorname{diag}(\gamma) S + (K\odot\Gamma)^\top\tilde V,$$
 #
-# (the strictly lower $A$ holds the decayed scores $\beta_i\sum_\kappa k_{i\kappa}k_{j\kappa}e^{b_{i\kappa}-b_{j\kappa}}$).
-# The reverse pass over chunks is as in GLA, with the state now entering $\tilde V$ as well:
-# $dS = (Q\odot\Lambda)^\top dO - W^\top d\tilde V + \operatorname{diag}(\gamma)\,dS'$, where
-# $d\tilde V = A_{qk}^\top dO + (K\odot\Gamma)\,dS'$; then $dU = d\tilde V$ and $dW = -d\tilde V S^\top$.
+# $A_{qk}$ the decayed query-key scores ($i \ge j$). The reverse pass over chunks is as in GLA,
+# with the state now entering $\tilde V$ as well: $d\tilde V = \text{scale}\,A_{qk}^\top dO +
+# (K\odot\Gamma)\,dS'$ and $dS = \text{scale}\,(Q\odot\Lambda)^\top dO - W^\top d\tilde V +
+# \operatorname{diag}(\gamma)\,dS'$; then $dU = d\tilde V$ and $dW = -d\tilde V S^\top$.
 # The new piece is the inverse. For $X = T Y$ with $T = (I + A)^{-1}$, $dT = -T\,dA\,T$ gives
 #
 # $$dY = T^\top dX,\qquad dA = -\operatorname{tril}_{-1}\big(T^\top dX\, X^\top\big) = -\operatorname{tril}_{-1}\big(dY\, X^\top\big),$$
 #
-# one more triangular solve (with the transpose) and one matmul: no inverse is ever formed
-# explicitly in the backward either. Applied to $U$ and $W$ (both $T\cdot$something), with
+# one more product with $T^\top$ (or a triangular solve with $(I + A)^\top$) and one matmul.
+# Applied to $U$ and $W$ (both $T\cdot$something), with
 # $dY_U = T^\top dU$, $dY_W = T^\top dW$:
 #
 # $$dA = -\operatorname{tril}_{-1}(dY_U U^\top + dY_W W^\top),\quad dv_i = \beta_i\, dY_{U,i},\quad
-#   d\beta_i = dY_{U,i}\cdot v_i + dY_{W,i}\cdot(k_i\odot\Lambda_i) + \textstyle\sum_j dA_{ij}\, A_{ij}/\beta_i,$$
+#   d\beta_i = dY_{U,i}\cdot v_i + dY_{W,i}\cdot(k_i\odot\Lambda_i) + \textstyle\sum_{j<i} dA_{ij}\, A^{kk}_{ij},$$
 #
-# and $dA$ flows on into $dk$ and $dg$ through the decayed scores like $dP$ in GLA. First the
+# with $A^{kk}_{ij} = A_{ij}/\beta_i$ the scores without $\beta$ ($\beta$ enters three times: in $U$,
+# in $W$ and in $A$), and $dA$ flows on into $dk$ and $dg$ through the decayed scores like $dP$ in GLA. First the
 # inverse's rule on its own, against autograd:
 
 # %%
