@@ -1,6 +1,6 @@
 """Forward timings of every op × level against SDPA and FLA, at the anchor setting (ANCHORS.md).
 
-    python tools/bench.py [--suite anchors|chunks|resources|all] [--T 1024 2048 ...] [--out DIR]
+    python tools/bench.py [--suite anchors|chunks|resources|train|all] [--T 1024 2048 ...] [--out DIR]
 
 anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward,
            gates logsigmoid(randn)/16; FLA 0.6.0 (when importable) and SDPA causal in the same
@@ -9,6 +9,11 @@ chunks:    GLA (per-dim gate) with materialised states as the chunk size C grows
            the inter-chunk state pass alone vs the rest (intra-chunk tiles + q·S) — the shape of the
            GLA paper's Figure 2 (right).
 resources: registers, spills and shared memory of each compiled kernel (natively only).
+train:     forward + backward of every op × T at the anchor setting (bf16, gradients for every input
+           that has one), ours (recompute=True, and recompute=False where the op has it) against FLA
+           0.6.0 and SDPA causal on the same inputs; peak memory of each (torch.cuda.max_memory_allocated
+           after a reset); where FLA refuses a backward the row says so. Plus the milliseconds of each
+           backward stage of GLA/linear attention at one T (gated_backward.backward(timer=)).
 Writes DIR/bench.json (results + device, date, versions), DIR/bench.md (tables), DIR/bench.png.
 Each row times the default call, exactly what a user runs (value checks as the library decides: off
 for GPU tensors); each Triton result is compared once with the chunk level.
@@ -156,6 +161,124 @@ def suite_resources(log, size):
     return out
 
 
+TRAIN_KEEP = ("linear_attn", "gla", "simple_gla")   # ops whose level takes recompute=False
+
+
+def train_call(fn, args):
+    """A no-argument callable: forward, then the backward of <o, do> for every floating input
+    (torch.autograd.grad: nothing accumulates into .grad between runs)."""
+    inputs = {n: a.detach().requires_grad_(True) for n, a in args.items()
+              if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    others = {n: a for n, a in args.items() if n not in inputs}
+    o = fn(**inputs, **others)[0]
+    gen = torch.Generator(device=o.device).manual_seed(0)      # one dO for every implementation
+    do = torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype)
+
+    def call():
+        out = fn(**inputs, **others)[0]
+        return torch.autograd.grad(out, list(inputs.values()), do)
+    return call
+
+
+def sdpa_train_call(T, *, tokens, H, D, device):
+    B = max(1, tokens // T)
+    q, k, v = (torch.randn(B, H, T, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, H, T, D, device=device, dtype=torch.bfloat16)
+    F = torch.nn.functional
+    return lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
+
+
+def timed(row, key, make):
+    """row[key] = median ms and row[f"mem_{key}"] = peak bytes of make()(), or the failure recorded."""
+    try:
+        fn = make()
+        fn()                                                   # compile, warm up, and see that it runs
+        row[key] = bench.median_ms(fn)
+        row[f"mem_{key}"] = bench.memory_use(fn)[0]
+    except Exception as exc:  # FLA without a backward for an op, out of memory, a compile failure
+        msg = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
+        row[key], row[f"error_{key}"] = None, ("refused: " + msg) if key == "fla" else msg
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def train_check(op, args):
+    """Largest relative error of a Triton gradient against the chunk level's (float32, same inputs)."""
+    from linattn.dispatch import level_fn
+
+    name = bench.OPS[op][0]
+    got = train_call(level_fn(name, "triton"), args)()
+    ref = train_call(level_fn(name, "chunk"), {n: a.float() for n, a in args.items()})()
+    return max(testing.rel_err(a, b) for a, b in zip(got, ref))
+
+
+def backward_stages(T, size, op="gla"):
+    """Milliseconds of each backward stage of linattn.triton.gla/linear_attn (recompute=True)."""
+    from linattn.triton import gated_backward as gb
+    from linattn.validate import check_inputs
+
+    args = bench.anchor_inputs(op, T, **size)
+    q, k, v, g = args["q"], args["k"], args["v"], args.get("g")
+    d = check_inputs(q, k, v, g=g, gate=g is not None)
+    do = torch.randn_like(v)
+    kw = dict(chunk_size=64, sub_chunk_size=16)
+    gb.backward(do, None, q, k, v, g, None, None, d, **kw)                     # compile
+    runs = []
+    for _ in range(5):
+        timer = {}
+        gb.backward(do, None, q, k, v, g, None, None, d, timer=timer, **kw)
+        runs.append(timer)
+    return {name: sorted(r[name] for r in runs)[len(runs) // 2] for name in runs[0]}
+
+
+def suite_train(Ts, log, size, only=None):
+    import linattn.triton as lt
+
+    rows, ops = [], [op for op in triton_ops() if not only or op in only]
+    dev = size["device"]
+    for T in Ts:
+        sd = {}
+        timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"], device=dev))
+        for op in ops:
+            args = bench.anchor_inputs(op, T, **size)
+            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd.get("sdpa"), "mem_sdpa": sd.get("mem_sdpa")}
+            fn = getattr(lt, bench.OPS[op][0])
+            timed(row, "triton", lambda: train_call(fn, args))
+            if op in TRAIN_KEEP:
+                timed(row, "triton:keep", lambda: train_call(lambda **a: fn(**a, recompute=False), args))
+            fla = bench.fla_call(op, args)
+            if fla is not None:
+                timed(row, "fla", lambda: train_call(lambda **a: bench.fla_call(op, a)(), args))
+            else:
+                row["fla"], row["error_fla"] = None, "fla not importable"
+            if T == Ts[0] and row.get("triton") is not None:
+                try:
+                    row["rel_err_grad"] = train_check(op, args)
+                except Exception as exc:
+                    row["error_check"] = f"{type(exc).__name__}: {exc}"[:300]
+            row["ratio_fla"] = row["triton"] / row["fla"] if row.get("fla") and row.get("triton") else None
+            row["ratio_sdpa"] = row["triton"] / row["sdpa"] if row.get("sdpa") and row.get("triton") else None
+            rows.append(row)
+            log(f"train T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
+                "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
+            del args
+    stages = {}
+    for op in ("linear_attn", "gla", "simple_gla"):
+        if not only or op in only:
+            T = 8192 if 8192 in Ts else Ts[-1]
+            try:
+                stages[op] = {"T": T, "ms": backward_stages(T, size, op)}
+                log(f"backward stages {op} T={T}: {stages[op]['ms']}")
+            except Exception as exc:
+                stages[op] = {"T": T, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    notes = ["forward + backward of <o, dO> for every floating input (q, k, v, g, β), "
+             "torch.autograd.grad, median ms; mem_*: peak bytes above what was allocated before the call",
+             "triton = recompute=True (the default: states recomputed in the backward); triton:keep = "
+             "recompute=False (states kept from the forward)",
+             "rel_err_grad: largest relative error of a Triton gradient against the chunk level (float32 "
+             "compute, same bf16 inputs), at the first T"]
+    return {"rows": rows, "stages": stages, "notes": notes}
+
+
 def markdown(res) -> str:
     size = res["size"]
     parts = [f"Device: {res['env']['device']} · {res['env']['date']} · torch {res['env']['torch']} · "
@@ -177,6 +300,23 @@ def markdown(res) -> str:
         cols = ["C", "c", "inter", "intra", "total", "fused"]
         parts.append(f"GLA by chunk size (states mode, T={ch['T']}, B={ch['B']}), ms:\n\n" +
                      bench.markdown_table(cols, [[r[c] for c in cols] for r in ch["rows"]]))
+    if "train" in res:
+        rows = res["train"]["rows"]
+        cols = ["op", "T", "B", "triton", "triton:keep", "fla", "ratio_fla", "sdpa", "ratio_sdpa"]
+        parts.append(f"Forward + backward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} "
+                     "tokens:\n\n" + bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
+        mem = ["op", "T", "mem_triton", "mem_triton:keep", "mem_fla", "mem_sdpa"]
+        mib = [[r["op"], r["T"]] + [r[c] / 2**20 if r.get(c) is not None else None for c in mem[2:]] for r in rows]
+        parts.append("Peak memory of forward + backward, MiB:\n\n" + bench.markdown_table(mem, mib))
+        fails = [f"{r['op']} T={r['T']} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
+        if fails:
+            parts.append("Failures and refusals:\n" + "\n".join(f"- {f}" for f in fails))
+        for op, st in res["train"]["stages"].items():
+            if "ms" in st:
+                parts.append(f"Backward stages of {op} at T={st['T']}, ms:\n\n" + bench.markdown_table(
+                    ["stage", "ms"], [[n, ms] for n, ms in st["ms"].items()]))
+        errs = [f"{r['op']}: {r['rel_err_grad']:.2e}" for r in rows if r.get("rel_err_grad") is not None]
+        parts.append("\n".join(f"- {n}" for n in res["train"]["notes"]) + "\n- gradient check: " + "; ".join(errs))
     if res.get("resources"):
         cols = ["op", "mode", "kernel", "n_regs", "n_spills", "shared_bytes", "num_warps"]
         parts.append("Compiled kernels:\n\n" + bench.markdown_table(cols, [[r[c] for c in cols]
@@ -202,7 +342,8 @@ def plot(res, path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--suite", default="all", choices=["anchors", "chunks", "resources", "all"])
+    p.add_argument("--suite", default="all", choices=["anchors", "chunks", "resources", "train", "all"],
+                   help="all = anchors, chunks, resources (train is run on its own)")
     p.add_argument("--T", type=int, nargs="*", default=TS)
     p.add_argument("--chunk-T", type=int, default=8192)
     p.add_argument("--out", default="_build/bench")
@@ -235,6 +376,8 @@ def main(argv=None):
         bench.save_json(out / "bench.json", res)
     if a.suite in ("resources", "all"):
         res["resources"] = suite_resources(log, size)
+    if a.suite == "train":
+        res["train"] = suite_train(a.T, log, size, only=a.ops)
     bench.save_json(out / "bench.json", res)
     (out / "bench.md").write_text(markdown(res))
     print(markdown(res))
