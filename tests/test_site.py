@@ -76,6 +76,7 @@ def test_math_figures_links(site):
     page = (site / "book" / "01_alpha.html").read_text()
     assert page.count('class="math') >= 2                      # inline and display math for MathJax
     assert "_static/mathjax/tex-mml-chtml.js" in page and "cdn.jsdelivr" not in page
+    assert page.count('src="../_static/mathjax/') == 1             # MathJax's entry point only
     assert re.search(r'<img[^>]+src="[^"]+\.png"', page)      # the figure, as a file
     assert 'href="../exercises/01_alpha.html"' in page          # the chapter links its workbook
     assert 'href="../notebooks/book/01_alpha.ipynb"' in page    # and its notebook

@@ -47,6 +47,8 @@ launch_buttons:
 sphinx:
   config:
     mathjax_path: mathjax/tex-mml-chtml.js   # in _static: math renders without a network
+    # vendor/, not _static/: Jupyter Book would add every .js under _static/ to every page
+    html_static_path: [vendor]
     html_extra_path: [extra]                 # notebooks for download, at /notebooks/
     nb_merge_streams: true
 """
@@ -92,7 +94,7 @@ def prepare(nb, kind: str, stem: str, others: dict, cfg: dict, pages: set):
 
 
 def write_source(src: Path, chapters: list[Path], workbooks: list[Path], cfg: dict) -> None:
-    """The Jupyter Book source tree: book/, exercises/, extra/notebooks/, _static/mathjax/, config, toc."""
+    """The Jupyter Book source tree: book/, exercises/, extra/notebooks/, vendor/mathjax/, config, toc."""
     if src.exists():
         shutil.rmtree(src)
     stems = {"book": {p.stem[:2]: p.stem for p in chapters}, "exercises": {p.stem[:2]: p.stem for p in workbooks}}
@@ -105,7 +107,7 @@ def write_source(src: Path, chapters: list[Path], workbooks: list[Path], cfg: di
             nb = nbformat.read(p, as_version=4) if p.suffix == ".ipynb" else jupytext.read(str(p))
             nbformat.write(nb, src / "extra" / "notebooks" / kind / f"{p.stem}.ipynb")   # as run/shipped
             nbformat.write(prepare(nb, kind, p.stem, other, cfg, pages), src / kind / f"{p.stem}.ipynb")
-    shutil.copytree(mathjax_dir(), src / "_static" / "mathjax")
+    shutil.copytree(mathjax_dir(), src / "vendor" / "mathjax")
     (src / "_config.yml").write_text(CONFIG.format(title=TITLE))
     (src / "intro.md").write_text(intro(chapters, workbooks))
     toc = ["format: jb-book", "root: intro", "parts:"]
