@@ -386,3 +386,174 @@ def test_gla_kernel(seed):
     assert "NaN/inf" in msg and "if you drop the last partial chunk" in msg
     msg = verdict("ch10.gla", make_gla(2), seed).message
     assert "NaN/inf" in msg and "strong gates" in msg and "absorb relative to the sub-chunk boundary" in msg
+
+
+# ------------------------------------------------------- ch11.unit_lower_inverse, ch11.wy_factors
+@triton.jit
+def substitute(A, t, C, SIGN: tl.constexpr, STEPS: tl.constexpr):
+    """(I + SIGN·A)⁻¹ of a [BC, BC] tile by forward substitution (STEPS = 0: I − A)."""
+    X = (t[:, None] == t[None, :]).to(tl.float32)
+    if STEPS == 0:
+        X = X - A
+    else:
+        for i in range(1, C):
+            a_i = tl.sum(tl.where(t[:, None] == i, A, 0.0), axis=0)
+            X = tl.where(t[:, None] == i, (tl.where(t == i, 1.0, 0.0) - SIGN * tl.sum(a_i[:, None] * X, axis=0))[None, :], X)
+    return X
+
+
+@triton.jit
+def inverse_kernel(a, x, C, BC: tl.constexpr, BUG: tl.constexpr):
+    n = tl.program_id(0)
+    t = tl.arange(0, BC)
+    m = (t[:, None] < C) & (t[None, :] < C)
+    A = tl.load(a + n * C * C + t[:, None] * C + t[None, :], mask=m, other=0.0)
+    X = substitute(A, t, C, -1.0 if BUG == 2 else 1.0, 0 if BUG == 3 else 1)
+    if BUG == 1:
+        X = tl.trans(X)                                          # 1: transposed inverse
+    tl.store(x + n * C * C + t[:, None] * C + t[None, :], X, mask=m)
+
+
+def make_inverse(bug):
+    def unit_lower_inverse(A):
+        N, C, _ = A.shape
+        X = torch.empty(N, C, C)
+        inverse_kernel[(N,)](A, X, C, BC=block(C), BUG=bug)
+        return X
+    return unit_lower_inverse
+
+
+@triton.jit
+def wy_kernel(k, v, g, beta, u, w, C, K, V, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+              BUG: tl.constexpr):
+    n = tl.program_id(0)
+    t, dk, dv = tl.arange(0, BC), tl.arange(0, BK), tl.arange(0, BV)
+    mk = (t[:, None] < C) & (dk[None, :] < K)
+    mv = (t[:, None] < C) & (dv[None, :] < V)
+    Kc = tl.load(k + n * C * K + t[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+    Vc = tl.load(v + n * C * V + t[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
+    G = tl.cumsum(tl.load(g + n * C * K + t[:, None] * K + dk[None, :], mask=mk, other=0.0), axis=0)
+    bt = tl.load(beta + n * C + t, mask=t < C, other=0.0).to(tl.float32)
+    keep = (t[:, None] >= t[None, :]) if BUG == 1 else (t[:, None] > t[None, :])  # 1: diagonal kept
+    diff = tl.where(keep[:, :, None], G[:, None, :] - G[None, :, :], float("-inf"))
+    S = tl.sum(Kc[:, None, :] * Kc[None, :, :] * tl.exp(diff), axis=2)
+    A = (bt[None, :] * S) if BUG == 2 else (bt[:, None] * S)                      # 2: β on columns
+    X = substitute(A, t, C, 1.0, 1)
+    if BUG == 3:
+        X = tl.trans(X)                                                            # 3: transposed
+    tl.store(u + n * C * V + t[:, None] * V + dv[None, :], tl.dot(X, bt[:, None] * Vc, input_precision="ieee"), mask=mv)
+    tl.store(w + n * C * K + t[:, None] * K + dk[None, :],
+             tl.dot(X, bt[:, None] * Kc * tl.exp(G), input_precision="ieee"), mask=mk)
+
+
+def make_wy(bug):
+    def wy_factors(k, v, g, beta):
+        N, C, K = k.shape
+        U, W = torch.empty(N, C, v.shape[-1]), torch.empty(N, C, K)
+        wy_kernel[(N,)](k, v, g, beta, U, W, C, K, v.shape[-1], BC=block(C), BK=block(K),
+                        BV=block(v.shape[-1]), BUG=bug)
+        return U, W
+    return wy_factors
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_unit_lower_inverse(seed):
+    assert verdict("ch11.unit_lower_inverse", make_inverse(0), seed).passed
+    assert "if you return the transpose of (I + A)⁻¹" in verdict("ch11.unit_lower_inverse", make_inverse(1), seed).message
+    assert "if you invert I − A instead" in verdict("ch11.unit_lower_inverse", make_inverse(2), seed).message
+    assert "first-order approximation" in verdict("ch11.unit_lower_inverse", make_inverse(3), seed).message
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_wy_factors(seed):
+    assert verdict("ch11.wy_factors", make_wy(0), seed).passed
+    assert "if you keep the diagonal in A" in verdict("ch11.wy_factors", make_wy(1), seed).message
+    assert "if you put β_j on column j" in verdict("ch11.wy_factors", make_wy(2), seed).message
+    assert "if you use the transpose of (I + A)⁻¹" in verdict("ch11.wy_factors", make_wy(3), seed).message
+
+
+# ------------------------------------------------------------------------ ch11.kda
+@triton.jit
+def kda_kernel(q, k, v, g, beta, h0, o, ht, scale, T, H, K, V, C: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, BUG: tl.constexpr):
+    # one program per (batch, head) walks the chunks: WY factors, residuals, output, state
+    bh = tl.program_id(0)
+    b, h = bh // H, bh % H
+    t, dk, dv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    mk, mv = dk < K, dv < V
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + bh * K * V + dk[:, None] * V + dv[None, :], mask=mk[:, None] & mv[None, :],
+                     other=0.0)
+    end = T - C + 1 if BUG == 1 else T                      # 1: the last partial chunk dropped
+    for s in range(0, end, C):
+        rows = s + t
+        inside = rows < T
+        if BUG == 2:
+            inside = rows >= 0                               # 2: rows past T loaded (unmasked)
+        qo = ((b * T + rows) * H + h) * K
+        vo = ((b * T + rows) * H + h) * V
+        mq = inside[:, None] & mk[None, :]
+        Q = tl.load(q + qo[:, None] + dk[None, :], mask=mq, other=0.0).to(tl.float32)
+        Kc = tl.load(k + qo[:, None] + dk[None, :], mask=mq, other=0.0).to(tl.float32)
+        G = tl.cumsum(tl.load(g + qo[:, None] + dk[None, :], mask=mq, other=0.0).to(tl.float32), axis=0)
+        Vc = tl.load(v + vo[:, None] + dv[None, :], mask=inside[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        bt = tl.load(beta + (b * T + rows) * H + h, mask=inside, other=0.0).to(tl.float32)
+        diff = G[:, None, :] - G[None, :, :]
+        A = bt[:, None] * tl.sum(Kc[:, None, :] * Kc[None, :, :] * tl.exp(
+            tl.where((t[:, None] > t[None, :])[:, :, None], diff, float("-inf"))), axis=2)
+        X = substitute(A, t, C, 1.0, 1)
+        U = tl.dot(X, bt[:, None] * Vc, input_precision="ieee")
+        W = tl.dot(X, bt[:, None] * Kc * tl.exp(G), input_precision="ieee")
+        Vn = U - tl.dot(W, S, input_precision="ieee")                                  # Ṽ
+        Aqk = tl.sum(Q[:, None, :] * Kc[None, :, :] * tl.exp(
+            tl.where((t[:, None] >= t[None, :])[:, :, None], diff, float("-inf"))), axis=2)
+        O = scale * (tl.dot(Q * tl.exp(G), S, input_precision="ieee") + tl.dot(Aqk, Vn, input_precision="ieee"))
+        tl.store(o + vo[:, None] + dv[None, :], O.to(o.dtype.element_ty), mask=(rows < T)[:, None] & mv[None, :])
+        glast = tl.sum(tl.where((t == C - 1)[:, None], G, 0.0), axis=0)              # [BK]
+        S = tl.exp(glast)[:, None] * S + tl.dot(tl.trans(Kc * tl.exp(glast[None, :] - G)), Vn,
+                                               input_precision="ieee")
+    if STORE_HT:
+        tl.store(ht + bh * K * V + dk[:, None] * V + dv[None, :], S, mask=mk[:, None] & mv[None, :])
+
+
+def make_kda(bug):
+    def my_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+               chunk_size=16):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        scale = K ** -0.5 if scale is None else scale
+        if g.dim() == 3:
+            g = g[..., None].expand(B, T, H, K)
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        o = torch.empty(B, T, H, V, dtype=v.dtype)
+        ht = torch.empty(B, H, K, V) if output_final_state else None
+        h0 = initial_state.float().contiguous() if initial_state is not None else None
+        kda_kernel[(B * H,)](q, k, v, g, beta, h0, o, ht, scale, T, H, K, V, C=chunk_size,
+                             BK=block(K), BV=block(V), HAS_H0=h0 is not None,
+                             STORE_HT=output_final_state, BUG=bug)
+        return o, ht
+    return my_kda
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_kda_kernel(seed):
+    assert verdict("ch11.kda", make_kda(0), seed).passed
+    msg = verdict("ch11.kda", make_kda(1), seed).message
+    assert "NaN/inf" in msg and "if you drop the last partial chunk" in msg
+    msg = verdict("ch11.kda", make_kda(2), seed).message
+    assert "out-of-bounds access: the kernel loads" in msg and "past the end of `q`" in msg
+
+
+# ------------------------------------------------------------------------ CPU time per check
+@pytest.mark.parametrize("name", ["ch09.scale_rows", "ch09.intra_chunk", "ch09.chunk_state",
+                                  "ch09.linear_attn", "ch10.offdiag_tiles", "ch10.diag_tiles",
+                                  "ch10.gla", "ch11.unit_lower_inverse", "ch11.wy_factors", "ch11.kda"])
+def test_reference_passes(name, capsys):
+    """Every reference passes; the CPU seconds of its check are printed (run with -s to see them),
+    not asserted: a timed assertion would fail on a busy machine."""
+    start = time.process_time()
+    r = check(name, reference(name), seed=11, record=False, quiet=True)
+    assert r.passed, r.message
+    with capsys.disabled():
+        print(f"\n{name}: {time.process_time() - start:.2f} CPU s for {r.cases} cases")
