@@ -248,6 +248,9 @@ def test_passed_kernel_runs_the_library(home):
     linattn.set_impl("linear_attn", "mine")
     linattn.linear_attn(q, k, v)
     assert linattn.which("linear_attn").startswith("your ch09.linear_attn")
+    # a kernel has no backward: inputs that require grad are refused, not silently detached
+    with pytest.raises(linattn.InputError, match="your ch09.linear_attn .* no backward pass.*q"):
+        linattn.linear_attn(q.requires_grad_(), k, v)
 
 
 def test_nested_launcher_passes_but_says_it_cannot_be_saved(home, capsys):

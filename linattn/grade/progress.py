@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import inspect
 import json
 import math
@@ -270,4 +271,19 @@ def load_mine(op: str):
     path = home() / "mine" / f"{ex.name}.py"
     namespace = {"__name__": f"linattn_mine_{ex.name.replace('.', '_')}"}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    return namespace["SOLUTION"], f"your {ex.name} ({path})"
+    fn, desc = namespace["SOLUTION"], f"your {ex.name} ({path})"
+    return (_no_grad_kernel(fn, desc) if ex.unlocks[1] == "triton" else fn), desc
+
+
+def _no_grad_kernel(fn, desc):
+    """A Triton kernel has no autograd backward: refuse inputs that require grad instead of
+    returning a result silently detached from the graph (PyTorch code differentiates itself)."""
+    from ..validate import refuse_grad
+
+    @functools.wraps(fn)  # keeps fn's signature, which dispatch.accepted reads
+    def run(*args, **kwargs):
+        named = dict(zip(inspect.signature(fn).parameters, args))
+        refuse_grad(desc, **named, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
