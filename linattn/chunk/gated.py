@@ -84,11 +84,13 @@ def forward(q, k, v, g, initial_state, plan):
         Sin, S = _state_pass(kc, vc, None, S0, plan.mm)               # [B, H, N, K, V], [B, H, K, V]
         q_abs = qc                                                    # [B, H, N, C, K]
     else:
-        lam, Gam, gam, f = chunk_decays(gc, qc)                       # Λ, Γ [B,H,N,C,K or 1], γ
-        if f is None:                                                 # per head: (Q Kᵀ) ⊙ D
-            P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)
+        if gc.dim() == qc.dim():
+            sweep = gla_tiles.Sweep(gc)                               # per dimension: halving tiles
+            P = gla_tiles.intra_matrix(qc, kc, sweep, plan.c, plan.mm)  # [B, H, N, C, C]
         else:
-            P = gla_tiles.intra_matrix(qc, kc, f, plan.c, plan.mm)   # [B, H, N, C, C]
+            sweep = None
+            P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)   # per head: (Q Kᵀ) ⊙ D
+        lam, Gam, gam = chunk_decays(gc, qc, sweep)                   # Λ, Γ [B,H,N,C,K or 1], γ
         Sin, S = _state_pass(kc * Gam, vc, gam, S0, plan.mm)          # [B, H, N, K, V], [B, H, K, V]
         q_abs = qc * lam                                              # [B, H, N, C, K]  Q ⊙ Λ
     o = _mm(P, vc, plan.mm) + _mm(q_abs, Sin, plan.mm)                # [B, H, N, C, V] intra + inter
@@ -98,14 +100,13 @@ def forward(q, k, v, g, initial_state, plan):
     return out.to(v.dtype), S, Sin
 
 
-def chunk_decays(gc, qc):
-    """Λ, Γ (the chunk's query and key decays, [B, H, N, C, K or 1]) and γ ([B, H, N, K or 1]),
-    and for per-dimension gates the tile factors of `gla_tiles` (None for per-head gates)."""
-    if gc.dim() == qc.dim():
-        f = gla_tiles.factors(gc)                                     # one sweep: tiles and Λ, Γ, γ
-        return f.prefix.exp(), f.suffix.exp(), f.prefix[..., -1, :].exp(), f
-    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, 1]
-    return decay.query_decay(gd), decay.key_decay(gd), decay.total_decay(gd), None
+def chunk_decays(gc, qc, sweep=None):
+    """Λ, Γ (the chunk's query and key decays, [B, H, N, C, K or 1]) and γ ([B, H, N, K or 1]);
+    for per-dimension gates from the sums of a finished `gla_tiles.Sweep`."""
+    if sweep is not None:
+        return sweep.prefix.exp(), sweep.suffix.exp(), sweep.prefix[..., -1, :].exp()
+    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, K or 1]
+    return decay.query_decay(gd), decay.key_decay(gd), decay.total_decay(gd)
 
 
 def _state_pass(k_abs, vc, gamma, S, mm):

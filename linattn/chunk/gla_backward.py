@@ -69,11 +69,27 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
     doc = (decay.chunked(do.to(d.acc), C) if do is not None           # [B, H, N, C, V]
            else torch.zeros_like(vc))
+    # Intra-chunk tiles first (dP needs nothing else; per-dimension gates then also give the sums
+    # behind Λ, Γ, γ). The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient its
+    # terms cancel exactly (q̂_i dP_ii k_i − k_i dP_ii q̂_i), so they are never added in.
+    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc).tril(-1)      # [B, H, N, C, C] i > j
+    dP_ii = (doc * vc).sum(-1, keepdim=True)                          # [B, H, N, C, 1]
+    sweep = None
+    if gc is None or gc.dim() == qc.dim() - 1:
+        # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
+        D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
+        P = (qc @ kc.transpose(-1, -2)) * D                           # [B, H, N, C, C]
+        dPD = dP * D                                                  # [B, H, N, C, C]
+        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
+    else:
+        # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
+        sweep = gla_tiles.Sweep(gc)
+        P, dq_in, dk_in = gla_tiles.intra_backward(dP, qc, kc, sweep)  # [.., C, C], [.., C, K] ×2
     if gc is None:
         lam = Gam = torch.ones((), dtype=d.acc, device=dev)           # no decay
-        gam = f = None
+        gam = None
     else:
-        lam, Gam, gam, f = chunk_decays(gc, qc)                       # Λ, Γ [B,H,N,C,K or 1], γ
+        lam, Gam, gam = chunk_decays(gc, qc, sweep)                   # Λ, Γ [B,H,N,C,K or 1], γ
 
     # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
     # exactly as the forward computed them, operand rounding included: both give one gradient.
@@ -93,21 +109,6 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
         dS = (dS if gam is None else gam[:, :, n, :, None] * dS) + from_out[:, :, n]
     dS_out = torch.stack(dS_out[::-1], dim=2)                         # [B, H, N, K, V]
     dS0 = dS                                                          # [B, H, K, V]
-
-    # Intra-chunk tiles. The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient
-    # its terms cancel exactly (q̂_i dP_ii k_i − k_i dP_ii q̂_i), so they are never added in.
-    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc).tril(-1)     # [B, H, N, C, C] i > j
-    dP_ii = (doc * vc).sum(-1, keepdim=True)                          # [B, H, N, C, 1]
-    if gc is None or gc.dim() == qc.dim() - 1:
-        # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
-        D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
-        P = (qc @ kc.transpose(-1, -2)) * D                           # [B, H, N, C, C]
-        dPD = dP * D                                                  # [B, H, N, C, C]
-        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
-    else:
-        # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
-        P = gla_tiles.intra_matrix(qc, kc, f, plan.c, d.acc)         # [B, H, N, C, C]
-        dq_in, dk_in = gla_tiles.intra_grads(dP, qc, kc, f)           # [B, H, N, C, K]  j < i, i > j
 
     dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
     read = lam * (doc @ Sin.transpose(-1, -2))                        # [B, H, N, C, K]  from S_[n-1]

@@ -10,7 +10,7 @@ diagonal tiles: halve the chunk, the lower-left block is one matmul split at the
 recurse into the two diagonal halves down to single tokens (whose decay is exp(0) = 1). A chunk
 of C tokens takes log2(C) levels; level s holds C/2s blocks of s × s, all batched into one matmul,
 and needs exponentials of [C, K] numbers only, instead of the C·c·K of the elementwise tiles.
-The segment sums of all levels come from one sweep of additions (`factors`), which also gives the
+The segment sums of all levels come from one sweep of additions (`Sweep`), which also gives the
 chunk-level sums behind Λ, Γ and γ.
 
 Precision: each factor is exp of a segment summed on its own (a prefix or a suffix inside a half,
@@ -23,76 +23,77 @@ C need not be a power of two: the chunk is padded (q = k = 0, g = 0) to one for 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 
 
-@dataclass
-class Factors:
-    """The split factors of every level, and the chunk's own log-decay sums, from one sweep.
+class Sweep:
+    """The split factors level by level, and afterwards the chunk's own log-decay sums.
 
-    levels: (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two);
+    Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two):
     F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t) for
-    the columns of each first half, both [..., C2/2s, s, K]. prefix [..., C, K] = b_t (Σ_{s ≤ t}),
-    suffix [..., C, K] = Σ_{s > t} g_s, inside the chunk: Λ = exp(prefix), Γ = exp(suffix).
+    the columns of each first half, both [..., C2/2s, s, K]. Once the sweep is done, .prefix
+    [..., C, K] holds b_t = Σ_{s ≤ t} g_s and .suffix Σ_{s > t} g_s inside the chunk (Λ = exp(prefix),
+    Γ = exp(suffix), γ = exp(prefix at the last token)).
+
+    The sweep builds blocks of 2s tokens from two of s by additions: the second half's prefix sums
+    gain the first half's total, the first half's suffix sums gain the second half's total. Every
+    sum is still a segment summed on its own (no difference of prefix sums), and exp is taken only
+    of these sums ≤ 0. Level by level, so that one level's factors are freed before the next.
     """
-    levels: list
-    prefix: torch.Tensor
-    suffix: torch.Tensor
+
+    def __init__(self, g):
+        self.g, self.prefix, self.suffix = g, None, None
+
+    def __iter__(self):
+        C = self.g.shape[-2]
+        pre = _pad(self.g).clone()                                    # [..., C2, K] prefix in blocks of 1
+        suf = torch.zeros_like(pre)                                   # [..., C2, K] suffix in blocks of 1
+        s = 1
+        while s < pre.shape[-2]:
+            p, u = pre.unflatten(-2, (-1, 2, s)), suf.unflatten(-2, (-1, 2, s))  # [.., C2/2s, 2, s, K]
+            yield s, p[..., 1, :, :].exp(), u[..., 0, :, :].exp()
+            u[..., 0, :, :] += p[..., 1, -1:, :]                      # + total of the second half
+            p[..., 1, :, :] += p[..., 0, -1:, :]                      # + total of the first half
+            s *= 2
+        self.prefix, self.suffix = pre[..., :C, :], suf[..., :C, :]
 
 
-def factors(g):
-    """One sweep up the levels (s = 1, 2, 4, …) builds every block's segment sums by additions.
-
-    Blocks of 2s tokens from two of s: the second half's prefix sums gain the first half's total,
-    the first half's suffix sums gain the second half's total. Every sum is still a segment summed
-    on its own (no difference of prefix sums), and exp is taken only of these sums ≤ 0.
-    """
-    C = g.shape[-2]
-    pre = _pad(g).clone()                                             # [..., C2, K] prefix in blocks of 1
-    suf = torch.zeros_like(pre)                                       # [..., C2, K] suffix in blocks of 1
-    levels, s = [], 1
-    while s < pre.shape[-2]:
-        p, u = pre.unflatten(-2, (-1, 2, s)), suf.unflatten(-2, (-1, 2, s))  # [..., C2/2s, 2, s, K]
-        levels.append((s, p[..., 1, :, :].exp(), u[..., 0, :, :].exp()))
-        u[..., 0, :, :] += p[..., 1, -1:, :]                          # + total of the second half
-        p[..., 1, :, :] += p[..., 0, -1:, :]                          # + total of the first half
-        s *= 2
-    return Factors(levels, pre[..., :C, :], suf[..., :C, :])
-
-
-def intra_matrix(q, k, f, c, mm):
+def intra_matrix(q, k, sweep, c, mm):
     """P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) for i ≥ j, 0 above: q, k [..., C, K] → [..., C, C].
 
-    f = factors(g). Blocks of s ≥ c round their operands to `mm`, smaller ones stay in q's dtype."""
+    sweep = Sweep(g), run here. Blocks of s ≥ c round their operands to `mm`, smaller ones stay in
+    q's dtype."""
     C = q.shape[-2]
     q, k = _pad(q), _pad(k)                                           # [..., C2, K]
-    C2 = q.shape[-2]
-    P = q.new_zeros(*q.shape[:-1], C2)                                # [..., C2, C2]
+    P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
     P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))               # i = j: decay exp(0) = 1
-    for s, qf, kf in f.levels:
-        q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
-        k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
+    for s, qf, kf in sweep:
+        q_abs = qf.mul_(_half(q, s, 1))                               # [..., C2/2s, s, K] rows ≥ m
+        k_abs = kf.mul_(_half(k, s, 0))                               # [..., C2/2s, s, K] columns < m
         _blocks(P, s).copy_(_dot(q_abs, k_abs, mm if s >= c else q.dtype))
     return P[..., :C, :C]
 
 
-def intra_grads(dP, q, k, f):
-    """For strictly lower-triangular dP [..., C, C] (the gradient of P, diagonal left out):
-    dq_i = Σ_{j < i} dP_ij k_j ⊙ exp(b_i − b_j) and dk_j = Σ_{i > j} dP_ij q_i ⊙ exp(b_i − b_j),
-    with the same blocks and factors as `intra_matrix`, in float32 (float64 for float64)."""
+def intra_backward(dP, q, k, sweep):
+    """P (unrounded) and, for dP [..., C, C] strictly lower-triangular (the gradient of P with its
+    diagonal left out), dq_i = Σ_{j < i} dP_ij k_j ⊙ exp(b_i − b_j) and
+    dk_j = Σ_{i > j} dP_ij q_i ⊙ exp(b_i − b_j): the blocks and factors of `intra_matrix`.
+    Returns P [..., C, C], dq, dk [..., C, K]."""
     C = q.shape[-2]
     q, k = _pad(q), _pad(k)                                           # [..., C2, K]
     dP = _pad(_pad(dP).transpose(-1, -2)).transpose(-1, -2)           # [..., C2, C2]
+    P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
+    P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)                 # [..., C2, K]
-    for s, qf, kf in f.levels:
+    for s, qf, kf in sweep:
+        q_abs, k_abs = _half(q, s, 1) * qf, _half(k, s, 0) * kf       # [..., C2/2s, s, K]
+        _blocks(P, s).copy_(_dot(q_abs, k_abs, q.dtype))
         dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
-        _half(dq, s, 1).add_(qf * (dPb @ (_half(k, s, 0) * kf)))      # rows ≥ m read keys < m
-        _half(dk, s, 0).add_(kf * (dPb.transpose(-1, -2) @ (_half(q, s, 1) * qf)))
-    return dq[..., :C, :], dk[..., :C, :]
+        _half(dq, s, 1).add_(qf.mul_(dPb @ k_abs))                    # rows ≥ m read keys < m
+        _half(dk, s, 0).add_(kf.mul_(dPb.transpose(-1, -2) @ q_abs))
+    return P[..., :C, :C], dq[..., :C, :], dk[..., :C, :]
 
 
 def _half(x, s, which):
