@@ -102,9 +102,9 @@ def forward(q, k, v, g, initial_state, plan):
 
 def chunk_decays(gc, qc, sweep=None):
     """Λ, Γ (the chunk's query and key decays, [B, H, N, C, K or 1]) and γ ([B, H, N, K or 1]);
-    for per-dimension gates from the sums of a finished `gla_tiles.Sweep`."""
+    for per-dimension gates those of a finished `gla_tiles.Sweep`."""
     if sweep is not None:
-        return sweep.prefix.exp(), sweep.suffix.exp(), sweep.prefix[..., -1, :].exp()
+        return sweep.query, sweep.key, sweep.total
     gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, K or 1]
     return decay.query_decay(gd), decay.key_decay(gd), decay.total_decay(gd)
 

@@ -10,12 +10,12 @@ diagonal tiles: halve the chunk, the lower-left block is one matmul split at the
 recurse into the two diagonal halves down to single tokens (whose decay is exp(0) = 1). A chunk
 of C tokens takes log2(C) levels; level s holds C/2s blocks of s × s, all batched into one matmul,
 and needs exponentials of [C, K] numbers only, instead of the C·c·K of the elementwise tiles.
-The segment sums of all levels come from one sweep of additions (`Sweep`), which also gives the
-chunk-level sums behind Λ, Γ and γ.
+The factors of all levels come from one sweep of multiplications (`Sweep`), which also gives the
+chunk's Λ, Γ and γ.
 
-Precision: each factor is exp of a segment summed on its own (a prefix or a suffix inside a half,
-built from the totals of its sub-blocks), never a difference of long prefix sums. When a factor
-underflows, the true product is smaller still. The blocks of c × c and larger are the tensor-core
+Precision: each factor is the decay of one segment (a prefix or a suffix inside a half), a product
+of decays ≤ 1 built from the totals of its sub-blocks; nothing is divided, so no factor exceeds 1
+and none is the inverse of a decay. When a factor underflows, the true product is smaller still. The blocks of c × c and larger are the tensor-core
 tiles whose operands are rounded to `inter_dtype`; smaller blocks (inside the diagonal sub-chunk
 tiles) stay in float32, as the diagonal tiles of two-level chunking do.
 
@@ -29,35 +29,39 @@ import torch.nn.functional as F
 
 
 class Sweep:
-    """The split factors level by level, and afterwards the chunk's own log-decay sums.
+    """The split factors level by level, and afterwards the chunk's own decays Λ, Γ, γ.
 
     Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two):
     F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t) for
-    the columns of each first half, both [..., C2/2s, s, K]. Once the sweep is done, .prefix
-    [..., C, K] holds b_t = Σ_{s ≤ t} g_s and .suffix Σ_{s > t} g_s inside the chunk (Λ = exp(prefix),
-    Γ = exp(suffix), γ = exp(prefix at the last token)).
+    the columns of each first half, both [..., C2/2s, s, K] (views: read them, do not write them).
+    Once the sweep is done, .query [..., C, K] holds Λ_t = exp(Σ_{s ≤ t} g_s), .key holds
+    Γ_t = exp(Σ_{s > t} g_s) and .total [..., K] holds γ = exp(Σ_s g_s), over the chunk.
 
-    The sweep builds blocks of 2s tokens from two of s by additions: the second half's prefix sums
-    gain the first half's total, the first half's suffix sums gain the second half's total. Every
-    sum is still a segment summed on its own (no difference of prefix sums), and exp is taken only
-    of these sums ≤ 0. Level by level, so that one level's factors are freed before the next.
+    Blocks of 2s tokens are built from two of s: the second half's prefix decays are multiplied by
+    the first half's total decay, the first half's suffix decays by the second half's. So the only
+    exponentials are those of the single log-gates, exp(g_t) ≤ 1, and every factor is a product of
+    at most log2(C) + 1 such decays: its relative error stays a few ulps at any gate strength
+    (exp of a long float32 sum would carry the sum's absolute rounding, ≈ 1e-5 at a sum of −100).
+    Nothing is ever divided, so no factor exceeds 1; a product underflows to 0 only where the true
+    decay is smaller than float32 can hold. Level by level, each level's factors are only views.
     """
 
     def __init__(self, g):
-        self.g, self.prefix, self.suffix = g, None, None
+        self.g = g
+        self.query = self.key = self.total = None
 
     def __iter__(self):
         C = self.g.shape[-2]
-        pre = _pad(self.g).clone()                                    # [..., C2, K] prefix in blocks of 1
-        suf = torch.zeros_like(pre)                                   # [..., C2, K] suffix in blocks of 1
+        pre = _pad(self.g).exp()                                      # [..., C2, K] prefix decays in blocks of 1
+        suf = torch.ones_like(pre)                                    # [..., C2, K] suffix decays in blocks of 1
         s = 1
         while s < pre.shape[-2]:
             p, u = pre.unflatten(-2, (-1, 2, s)), suf.unflatten(-2, (-1, 2, s))  # [.., C2/2s, 2, s, K]
-            yield s, p[..., 1, :, :].exp(), u[..., 0, :, :].exp()
-            u[..., 0, :, :] += p[..., 1, -1:, :]                      # + total of the second half
-            p[..., 1, :, :] += p[..., 0, -1:, :]                      # + total of the first half
+            yield s, p[..., 1, :, :], u[..., 0, :, :]
+            u[..., 0, :, :] *= p[..., 1, -1:, :]                      # × total decay of the second half
+            p[..., 1, :, :] *= p[..., 0, -1:, :]                      # × total decay of the first half
             s *= 2
-        self.prefix, self.suffix = pre[..., :C, :], suf[..., :C, :]
+        self.query, self.key, self.total = pre[..., :C, :], suf[..., :C, :], pre[..., -1, :]
 
 
 def intra_matrix(q, k, sweep, c, mm):
@@ -70,8 +74,8 @@ def intra_matrix(q, k, sweep, c, mm):
     P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
     P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))               # i = j: decay exp(0) = 1
     for s, qf, kf in sweep:
-        q_abs = qf.mul_(_half(q, s, 1))                               # [..., C2/2s, s, K] rows ≥ m
-        k_abs = kf.mul_(_half(k, s, 0))                               # [..., C2/2s, s, K] columns < m
+        q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
+        k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
         _blocks(P, s).copy_(_dot(q_abs, k_abs, mm if s >= c else q.dtype))
     return P[..., :C, :C]
 
@@ -91,8 +95,8 @@ def intra_backward(dP, q, k, sweep):
         q_abs, k_abs = _half(q, s, 1) * qf, _half(k, s, 0) * kf       # [..., C2/2s, s, K]
         _blocks(P, s).copy_(_dot(q_abs, k_abs, q.dtype))
         dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
-        _half(dq, s, 1).add_(qf.mul_(dPb @ k_abs))                    # rows ≥ m read keys < m
-        _half(dk, s, 0).add_(kf.mul_(dPb.transpose(-1, -2) @ q_abs))
+        _half(dq, s, 1).addcmul_(qf, dPb @ k_abs)                     # rows ≥ m read keys < m
+        _half(dk, s, 0).addcmul_(kf, dPb.transpose(-1, -2) @ q_abs)
     return P[..., :C, :C], dq[..., :C, :], dk[..., :C, :]
 
 
