@@ -335,6 +335,12 @@ class Factors:
 
 def factors(q, k, v, g, beta, d, C, *, delta):
     """The WY factors of every chunk at once (for linear attention / GLA: U = V, W = None)."""
+    return chunk_factors(q, k, v, g, beta, d, C, delta=delta)[0]
+
+
+def chunk_factors(q, k, v, g, beta, d, C, *, delta):
+    """`factors`, plus what the backward reuses: Akk (the key scores without β) and
+    T = (I + A)⁻¹, both [B, H, N, C, C] (None without the delta rule)."""
     q, k, v_ = (to_chunks(x.to(d.acc), C) for x in (q, k, v))        # [B, H, N, C, *]
     geo = gate_geometry(None if g is None else chunk_gates(g, d, C, q.device))
     Lam, Gam, gam = geo.decays()                                       # e^{G_i}, e^{G_C − G_i}, e^{G_C}
@@ -343,9 +349,9 @@ def factors(q, k, v, g, beta, d, C, *, delta):
     last = q.new_ones(shape) if gam is None else gam[..., None].expand(shape)  # [B, H, N, K, 1]
     Aqk = geo.scores(q, k, strict=False)                               # [B, H, N, C, C]
     if not delta:
-        return Factors(Qg, Kdec, last, Aqk, v_, None)
-    U, W = _wy(geo, k, v_, Lam, to_chunks(beta.to(d.acc)[..., None], C))
-    return Factors(Qg, Kdec, last, Aqk, U, W)
+        return Factors(Qg, Kdec, last, Aqk, v_, None), None, None
+    U, W, Akk, Tinv = _wy(geo, k, v_, Lam, to_chunks(beta.to(d.acc)[..., None], C))
+    return Factors(Qg, Kdec, last, Aqk, U, W), Akk, Tinv
 
 
 def decayed(x, e):
@@ -360,14 +366,15 @@ def wy_factors(k, v, g, beta):
     (I + A) Ṽ = diag(β)(V − (K ⊙ e^G) S) with A_ij = β_i (k_i ⊙ e^{G_i − G_j}) · k_j for i > j.
     """
     geo = gate_geometry(g)
-    return _wy(geo, k, v, geo.decays()[0], beta[..., None])
+    return _wy(geo, k, v, geo.decays()[0], beta[..., None])[:2]
 
 
 def _wy(geo, k, v, Lam, b):
-    """U = T diag(β) V, W = T diag(β)(K ⊙ Λ) with T = (I + A)⁻¹; b = β [.., C, 1] on row i."""
-    A = b * geo.scores(k, k, strict=True)                              # [.., C, C]
-    Tinv = unit_lower_inverse(A)
-    return Tinv @ (b * v), Tinv @ (b * decayed(k, Lam))               # [.., C, V], [.., C, K]
+    """U = T diag(β) V, W = T diag(β)(K ⊙ Λ) with T = (I + A)⁻¹, A = diag(β) Akk; b = β [.., C, 1]
+    on row i. Returns U [.., C, V], W [.., C, K], Akk and T [.., C, C]."""
+    Akk = geo.scores(k, k, strict=True)                                # [.., C, C]
+    Tinv = unit_lower_inverse(b * Akk)
+    return Tinv @ (b * v), Tinv @ (b * decayed(k, Lam)), Akk, Tinv
 
 
 def state_pass(f: Factors, d, S, output_final_state, out_dtype):

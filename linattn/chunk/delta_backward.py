@@ -48,18 +48,21 @@ class DeltaChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, d, C, recompute):
-        f = delta.factors(q, k, v, g, beta, d, C, delta=True)
+        f, Akk, Tm = delta.chunk_factors(q, k, v, g, beta, d, C, delta=True)
         Sin, S, Vt = delta.entering_states(f, initial(initial_state, d, q.device))
         o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=v.device)
         o[:] = delta.from_chunks(delta.chunk_outputs(f, Sin, Vt, d.scale), d.T)
-        ctx.d, ctx.C, ctx.gated, ctx.has_init = d, C, g is not None, initial_state is not None
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, None if recompute else Sin)
+        ctx.d, ctx.C = d, C
+        # kept: the inputs and the C×C matrices and WY factors, whose recomputation would be most
+        # of a forward; the chunk states only with recompute=False
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, f.Aqk, Akk, Tm, f.U, f.W,
+                              None if recompute else Sin)
         return o, S
 
     @staticmethod
     def backward(ctx, do, dS_final):
-        q, k, v, g, beta, initial_state, Sin = ctx.saved_tensors
-        grads = chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, ctx.d, ctx.C)
+        q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
+        grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C)
         dq, dk, dv, dg, dbeta, dS0 = (
             None if x is None else _as_grad(x, ref)
             for x, ref in zip(grads, (q, k, v, g, beta, initial_state)))
@@ -73,18 +76,19 @@ def _as_grad(x, like):
     return out
 
 
-def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
-    """Gradients (dq, dk, dv, dg or None, dβ, dS₀ or None) in d.acc; see the module docstring."""
+def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C):
+    """Gradients (dq, dk, dv, dg or None, dβ, dS₀ or None) in d.acc; see the module docstring.
+
+    kept: Aqk, Akk, T [B, H, N, C, C], U, W and the entering states (None: recompute them) as the
+    forward left them.
+    """
     acc, dev = d.acc, q.device
+    Aqk, Akk, Tm, U, W, Sin = kept
     qc, kc, vc = (delta.to_chunks(x.to(acc), C) for x in (q, k, v))   # [B, H, N, C, *]
     bc = delta.to_chunks(beta.to(acc)[..., None], C)                  # [B, H, N, C, 1]
     geo = delta.gate_geometry(None if g is None else delta.chunk_gates(g, d, C, dev))
     Lam, Gam, gam = geo.decays()                                      # None without gates
     Qg, Kl, Kdec = (delta.decayed(x, e) for x, e in ((qc, Lam), (kc, Lam), (kc, Gam)))  # [.., C, K]
-    Akk = geo.scores(kc, kc, strict=True)                             # [B, H, N, C, C]
-    Aqk = geo.scores(qc, kc, strict=False)                            # [B, H, N, C, C]
-    Tm = delta.unit_lower_inverse(bc * Akk)                           # [B, H, N, C, C]
-    U, W = Tm @ (bc * vc), Tm @ (bc * Kl)                             # [.., C, V], [.., C, K]
     shape = (d.B, d.H, qc.shape[2], d.K, 1)
     last = qc.new_ones(shape) if gam is None else gam[..., None].expand(shape)   # [B, H, N, K, 1]
     f = delta.Factors(Qg, Kdec, last, Aqk, U, W)
@@ -107,27 +111,29 @@ def chunk_backward(q, k, v, g, beta, initial_state, Sin, do, dS_final, d, C):
     # 2. per-chunk factor gradients
     St = Sin.transpose(-1, -2)                                        # [B, H, N, V, K]
     dQg = dO @ St                                                     # [B, H, N, C, K]
-    dAqk = (dO @ Vt.transpose(-1, -2)).tril()                         # [B, H, N, C, C]
+    dAqk = dO @ Vt.transpose(-1, -2)                                  # [B, H, N, C, C]
+    diag = dAqk.diagonal(0, -2, -1)[..., None].clone()                # [B, H, N, C, 1]
+    dAqk.tril_(-1)    # the diagonal goes separately (below); above it Aqk is 0
     dKdec = Vt @ dSout.transpose(-1, -2)                              # [B, H, N, C, K]
-    dW = -(dVt @ St)                                                  # [B, H, N, C, K]
+    mdW = dVt @ St                                                    # −dW [B, H, N, C, K]
 
-    # 3. through the WY/UT transform
+    # 3. through the WY/UT transform (signs: mdY_k = −dY_k, mdA = −dA)
     Tt = Tm.transpose(-1, -2)
-    dYv, dYk = Tt @ dVt, Tt @ dW                                      # [.., C, V], [.., C, K]
-    dA = -(dYv @ U.transpose(-1, -2) + dYk @ W.transpose(-1, -2)).tril(-1)   # [.., C, C]
+    dYv, mdYk = Tt @ dVt, Tt @ mdW                                    # [.., C, V], [.., C, K]
+    mdA = (dYv @ U.transpose(-1, -2)).sub_(mdYk @ W.transpose(-1, -2)).tril_(-1)   # [.., C, C]
     dv = bc * dYv
-    dbeta = (dYv * vc).sum(-1) + (dYk * Kl).sum(-1) + (dA * Akk).sum(-1)     # [B, H, N, C]
-    dKl = bc * dYk                                                    # [B, H, N, C, K]
+    dbeta = (dYv * vc).sum(-1) - (mdYk * Kl).sum(-1) - (mdA * Akk).sum(-1)   # [B, H, N, C]
+    dKl = mdYk.mul_(-bc)                                              # [B, H, N, C, K]
 
     # scores: Aqk(q, k) and Akk(k, k). The diagonal of Aqk carries no decay (e^0), so it stays out
     # of the gate gradient: its two terms q⊙dq and −k⊙dk would cancel exactly in exact
     # arithmetic, but in float32 they leave an O(ε) error against a gate gradient that strong
     # decays make tiny.
-    dq_s, dk_s = geo.grad(dAqk.tril(-1), qc, kc)
-    dk_a, dk_b = geo.grad(bc * dA, kc, kc)
-    diag = dAqk.diagonal(0, -2, -1)[..., None]                        # [B, H, N, C, 1]
-    dq = dq_s + diag * kc + delta.decayed(dQg, Lam)
-    dk = dk_s + diag * qc + dk_a + dk_b + delta.decayed(dKl, Lam) + delta.decayed(dKdec, Gam)
+    dq_s, dk_s = geo.grad(dAqk, qc, kc)
+    dk_a, dk_b = geo.grad(mdA.mul_(-bc), kc, kc)
+    dq = (dq_s + diag * kc).add_(delta.decayed(dQg, Lam))
+    dk = (dk_s + diag * qc).add_(dk_a).add_(dk_b).add_(delta.decayed(dKl, Lam))
+    dk.add_(delta.decayed(dKdec, Gam))
     dg = None if g is None else gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a,
                                           dk_b, dQg, dKl, dKdec, (dSout * Sin).sum(-1))
     return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
@@ -142,14 +148,18 @@ def gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a, dk_b, dQg, dKl,
     dKdec: of Q ⊙ Λ, K ⊙ Λ and K ⊙ Γ; dgam [B, H, N, K]: of γ, Σ_v dS' ⊙ S.
     """
     # dG_i for the terms that depend on the prefix G_i (they reach g_s, s ≤ i) ...
-    dG = qc * dq_s - kc * dk_s + kc * (dk_a - dk_b) + Qg * dQg + Kl * dKl   # [B, H, N, C, K]
-    dgc = dG.flip(-2).cumsum(-2).flip(-2)                             # dg_s = Σ_{i ≥ s} dG_i
+    dG = qc * dq_s
+    dG.addcmul_(kc, (dk_a - dk_b).sub_(dk_s)).addcmul_(Qg, dQg).addcmul_(Kl, dKl)  # [B, H, N, C, K]
+    KdK, dgam = Kdec * dKdec, gam * dgam                              # [.., C, K], [B, H, N, K]
+    if g.dim() == 3:                                                  # one gate per head: sum over K
+        dG, KdK, dgam = dG.sum(-1, keepdim=True), KdK.sum(-1, keepdim=True), dgam.sum(-1, keepdim=True)
+    C = dG.shape[-2]
+    ones = torch.ones(C, C, dtype=dG.dtype, device=dG.device)
+    dgc = ones.triu() @ dG                                            # dg_s = Σ_{i ≥ s} dG_i
     # ... Γ_i = e^{Σ_{s > i} g_s} reaches g_s for s > i only: an exclusive prefix sum (added
     # directly rather than as +G_C −G_i, which would cancel) ...
-    KdK = (Kdec * dKdec).cumsum(-2)                                   # [B, H, N, C, K]
-    dgc[..., 1:, :] += KdK[..., :-1, :]
+    dgc.add_(ones.tril(-1) @ KdK)                                     # Σ_{i < s} Kdec_i ⊙ dKdec_i
     # ... and γ = e^{G_C} reaches every gate of the chunk
-    dgc = dgc + (gam * dgam)[..., None, :]                            # [B, H, N, C, K]
-    if g.dim() == 3:                                                  # one gate per head
-        return delta.from_chunks(dgc.sum(-1, keepdim=True), d.T)[..., 0]
-    return delta.from_chunks(dgc, d.T)
+    dgc.add_(dgam[..., None, :])                                      # [B, H, N, C, K or 1]
+    dg = delta.from_chunks(dgc, d.T)
+    return dg[..., 0] if g.dim() == 3 else dg
