@@ -160,3 +160,18 @@ def test_grad_free_calls_run_the_plain_forward(monkeypatch):
         chunk.kda(**{**a, "q": a["q"].clone().requires_grad_(True)})
     with pytest.raises(RuntimeError, match="used"):
         chunk.kda(**{**a, "q": a["q"].clone().requires_grad_(True)})
+
+
+@pytest.mark.parametrize("C", [32, 64])
+def test_steep_and_gentle_sub_chunks_together(C):
+    """KDA's diagonal sub-chunk blocks go by one matmul where the gates decay gently and column by
+    column where they decay by more than e^{-60}: both kinds in one call, forward and backward."""
+    a = inputs("kda", "per_dim", B=1, T=90, H=2, K=8, V=8, dtype=torch.float32, beta_max=2.0, seed=9)
+    a["g"][:, :, 0] = testing.log_gates(a["g"][:, :, 0].shape, "strong")   # head 0 steep
+    a["g"][:, 40:50, 1] *= 200                                          # one steep stretch in head 1
+    dO, dS = upstream(a)
+    got, o = grads(chunk.kda, a, dO, dS, chunk_size=C)
+    want, o_ref = grads(naive.kda, testing.to_float64(a), dO, dS)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
+    for n in names(a):
+        assert testing.rel_err(got[n], want[n]) <= GRAD_TOL[torch.float32], n
