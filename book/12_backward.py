@@ -142,7 +142,7 @@ for op, gate in [("linear_attn", None), ("gla", "per_head"), ("delta_rule", None
 # ## 3. The gate gradient needs no state
 #
 # $dg_t$ above reads $S_{t-1}$: a $K\times V$ state per token, the one thing the chunkwise form
-# never materialises. Mao (2022) concluded that gate gradients require it; the GLA paper showed
+# never materialises. Mao (2022) claimed that gate gradients require it; the GLA paper showed
 # they do not. Absorb the decay into the inputs, as chapter 03 did in the forward: with
 # $b_t = g_1 + \dots + g_t$ (per key dimension),
 #
