@@ -35,7 +35,7 @@ wheel: setup         ## the library as a wheel in dist/ (upload it to Colab when
 
 lab: setup           ## JupyterLab on the book: chapters and workbooks (.py) open as notebooks
 	$(PY) tools/lab.py --setup
-	$(PY) -m jupyter lab --ServerApp.root_dir=. --ServerApp.port=$(PORT) book/
+	$(PY) -m jupyter lab --ServerApp.root_dir=. --ServerApp.port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) book/
 
 browser-check: setup ## headless Chromium: screenshots of a chapter page, missing images, broken links
 	$(PY) tools/browser_check.py --site _build/site/_build/html --lab

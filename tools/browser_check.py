@@ -222,20 +222,20 @@ class CDP:
         raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-async def drive_lab(cdp: CDP, url: str, shot: Path, n_cells: int) -> list[str]:
+async def drive_lab(cdp: CDP, url: str, path: str, shot: Path, n_cells: int) -> list[str]:
     await cdp.call("Page.enable")
     await cdp.call("Page.navigate", url=url)
-    await cdp.until("!!(window.jupyterapp && jupyterapp.shell.currentWidget && "
-                    "jupyterapp.shell.currentWidget.content)", 120, "JupyterLab to open the chapter")
-    kind = await cdp.js("jupyterapp.shell.currentWidget.constructor.name + ' ' + "
-                        "jupyterapp.shell.currentWidget.node.className")
+    # the chapter's tab (a headless window has no focus, so shell.currentWidget stays null)
+    await cdp.until("!!(window.jupyterapp && (window.P = [...jupyterapp.shell.widgets('main')]"
+                    f".find(w => w.context?.path === {json.dumps(path)})))", 120, "JupyterLab to open the chapter")
+    kind = await cdp.js("P.constructor.name + ' ' + P.node.className")
     problems = [] if "jp-NotebookPanel" in kind else [f"the chapter opened as {kind!r}, not as a notebook"]
     if problems:
         return problems
-    await cdp.until("jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status === 'idle'",
+    await cdp.until("P.sessionContext.session?.kernel?.status === 'idle'",
                     180, "the kernel to start")
     ran = await cdp.js(f"""(async () => {{
-        const panel = jupyterapp.shell.currentWidget, nb = panel.content;
+        const nb = P.content;
         const code = nb.widgets.map((c, i) => [c, i]).filter(([c]) => c.model.type === 'code').slice(0, {n_cells});
         for (const [cell, i] of code) {{
             nb.activeCellIndex = i;
@@ -243,10 +243,10 @@ async def drive_lab(cdp: CDP, url: str, shot: Path, n_cells: int) -> list[str]:
         }}
         return code.map(([c, i]) => i);
     }})()""")
-    await cdp.until("jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle' && "
-                    "jupyterapp.shell.currentWidget.content.widgets.filter(c => c.model.type === 'code')"
+    await cdp.until("P.sessionContext.session.kernel.status === 'idle' && "
+                    "P.content.widgets.filter(c => c.model.type === 'code')"
                     f".slice(0, {n_cells}).every(c => c.model.executionCount)", 240, "the cells to run")
-    outputs = await cdp.js(f"""jupyterapp.shell.currentWidget.content.widgets
+    outputs = await cdp.js(f"""P.content.widgets
         .filter(c => c.model.type === 'code').slice(0, {n_cells})
         .map(c => [c.model.executionCount, c.node.querySelector('.jp-OutputArea')?.innerText || ''])""")
     errors = [o for _, o in outputs if "Error" in o and "Traceback" in o]
@@ -257,8 +257,9 @@ async def drive_lab(cdp: CDP, url: str, shot: Path, n_cells: int) -> list[str]:
     problems += [f"a cell raised: {e[:300]}" for e in errors]
     if not any(text.strip() for _, text in outputs):
         problems.append("no output from the cells that ran")
-    await cdp.js("document.querySelector('.jp-NotebookPanel .jp-WindowedPanel-outer, .jp-Notebook')"
-                 ".scrollTop = 0")
+    # the first code cell after the Colab cell, with its output, at the top of the view
+    await cdp.js(f"(async () => {{ await P.content.scrollToItem({ran[1] if len(ran) > 1 else 0}, 'start'); return true }})()")
+    await asyncio.sleep(1)
     png = await cdp.call("Page.captureScreenshot", format="png")
     shot.write_bytes(base64.b64decode(png["data"]))
     print(f"  screenshot: {shot}")
@@ -270,19 +271,25 @@ def check_lab(exe: str, chapter: str, out: Path, n_cells: int = 3) -> list[str]:
     import lab
 
     lab.setup()                                           # .py opens as a notebook (jupytext)
+    # JupyterLab autosaves open documents: it gets a copy of book/, never the chapters themselves
+    root = Path(tempfile.mkdtemp(prefix="linattn-lab-"))
+    shutil.copytree(ROOT / "book", root / "book", ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     port, dbg = free_port(), free_port()
     env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ServerApp.port={port}",
          "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=", "--ServerApp.password=",
-         "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={ROOT}"],
+         "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={root}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
         stdout=subprocess.DEVNULL, stderr=open(out / "jupyterlab.log", "w"), env=env)
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         browser = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={dbg}",
-                                    "--window-size=1400,1000", "about:blank"],
+                                    "--window-size=1400,1100", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(240):                          # JupyterLab up?
+                if server.poll() is not None:
+                    return [f"JupyterLab exited ({server.returncode}): see {out / 'jupyterlab.log'}"]
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status")
                     break
@@ -290,14 +297,15 @@ def check_lab(exe: str, chapter: str, out: Path, n_cells: int = 3) -> list[str]:
 
             async def go():
                 cdp = await CDP.connect(dbg)
-                return await drive_lab(cdp, f"http://127.0.0.1:{port}/lab/tree/{chapter}", out / "lab_chapter.png",
-                                       n_cells)
+                return await drive_lab(cdp, f"http://127.0.0.1:{port}/lab/tree/{chapter}", chapter,
+                                       out / "lab_chapter.png", n_cells)
             return asyncio.run(go())
         finally:
             browser.terminate()
             server.terminate()
             browser.wait(30)
             server.wait(30)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv=None) -> int:

@@ -17,11 +17,14 @@ from pathlib import Path
 
 OVERRIDES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
 DOCMANAGER = "@jupyterlab/docmanager-extension:plugin"
+NOTIFICATIONS = "@jupyterlab/apputils-extension:notification"
 
 
 def setup(path: Path = OVERRIDES) -> dict:
     settings = json.loads(path.read_text()) if path.exists() else {}
     settings.setdefault(DOCMANAGER, {}).setdefault("defaultViewers", {})["python"] = "Jupytext Notebook"
+    # no "get Jupyter news?" prompt (and no request for it) over the first chapter
+    settings.setdefault(NOTIFICATIONS, {}).setdefault("fetchNews", "false")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=2) + "\n")
     return settings
