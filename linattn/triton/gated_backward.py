@@ -63,11 +63,16 @@ GRAD_BLOCK = 64
 
 @triton.jit
 def _load_b(b_base, rows, rmask, s_b, offs_k, kmask, GATE: tl.constexpr):
-    """Chunk-local cumulative gates of `rows`: [R, BK] per dimension, [R] per head, 0 past T."""
+    """Chunk-local cumulative gates of `rows`: [R, BK] per dimension, [R] per head, 0 past T.
+
+    One return statement: natively every return of a jitted function must have one type, and a
+    return after an `if` is compiled even when a constexpr branch above it already returned."""
     if GATE == 2:
-        return tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
-                       other=0.0)
-    return tl.load(b_base + rows * s_b, mask=rmask, other=0.0)
+        x = tl.load(b_base + rows[:, None] * s_b + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                    other=0.0)
+    else:
+        x = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)
+    return x
 
 
 @triton.jit
@@ -75,8 +80,10 @@ def _load_b_last(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr, GATE: tl.co
     """b at the last token of the chunk starting at t0: [BK] per dimension, a scalar per head."""
     last = tl.minimum(t0 + C, T) - 1
     if GATE == 2:
-        return tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)
-    return tl.load(b_base + last * s_b)
+        x = tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)
+    else:
+        x = tl.load(b_base + last * s_b)
+    return x
 
 
 @triton.jit
@@ -460,16 +467,16 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
     BVa = min(block(V), 64)
     with _stage(timer, "dA"):
-        last_launch["dA"] = _dA_kernel[(NT * (C // BR), B * H)](
-            do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+        last_launch["dA"] = launch(
+            _dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
 
     # 3. intra-chunk parts of dq, dk
     BK = min(block(K), GRAD_BLOCK)
     dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     with _stage(timer, "intra dq, dk"):
-        last_launch["intra"] = _intra_grad_kernel[(triton.cdiv(K, BK), NT * (C // c), B * H)](
-            q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
+        last_launch["intra"] = launch(
+            _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
             GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
 
     # 4. dv
@@ -479,8 +486,8 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
     BKv, BVv = gated.blocks(K, V)
     with _stage(timer, "dv"):
-        last_launch["dv"] = _dv_kernel[(triton.cdiv(V, BVv), NT * (C // BR), B * H)](
-            q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
+        last_launch["dv"] = launch(
+            _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BR), B * H), q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
             num_warps=4, **common)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
@@ -491,8 +498,8 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
         db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
     BVq = min(block(V), GRAD_BLOCK)
     with _stage(timer, "dq, dk"):
-        last_launch["dqk"] = _dqk_kernel[(triton.cdiv(K, BK), NT * (C // BR), B * H)](
-            q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
+        last_launch["dqk"] = launch(
+            _dqk_kernel, (triton.cdiv(K, BK), NT * (C // BR), B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
             BR=BR, BK=BK, BV=BVq, num_warps=4, **common)
 
     # 6. dg: the final state's own decay on the last token, then a reverse cumulative sum over T
