@@ -296,13 +296,16 @@ def unit_lower_inverse(A, block=SUB):
     A = torch.nn.functional.pad(A, (0, pad, 0, pad))
     blocks = A.unflatten(-2, (nb, block))                              # [.., nb, b, nb·b]
     D = _substitute(torch.stack([blocks[..., i, :, i * block:(i + 1) * block] for i in range(nb)], -3))
-    X = D[..., 0, :, :]                                                # [.., b, b]: done so far
-    for i in range(1, nb):
+    rows = []                                                          # block rows of X, [.., b, nb·b]
+    for i in range(nb):
         r = i * block
-        row = -D[..., i, :, :] @ (blocks[..., i, :, :r] @ X)           # [.., b, r]
-        top = torch.cat([X, X.new_zeros(X.shape[:-1] + (block,))], -1)
-        X = torch.cat([top, torch.cat([row, D[..., i, :, :]], -1)], -2)
-    return X[..., :C, :C]
+        parts = [D[..., i, :, :], A.new_zeros(A.shape[:-2] + (block, (nb - i - 1) * block))]
+        if i:
+            AX = sum(blocks[..., i, :, m * block:(m + 1) * block] @ rows[m][..., :r]
+                     for m in range(i))                                # Σ_m A_im X_m [.., b, r]
+            parts.insert(0, -D[..., i, :, :] @ AX)
+        rows.append(torch.cat(parts, -1))
+    return torch.cat(rows, -2)[..., :C, :C]
 
 
 def _substitute(A):
@@ -374,15 +377,16 @@ def _wy(geo, k, v, Lam, b):
     on row i. Returns U [.., C, V], W [.., C, K], Akk and T [.., C, C]."""
     Akk = geo.scores(k, k, strict=True)                                # [.., C, C]
     Tinv = unit_lower_inverse(b * Akk)
-    return Tinv @ (b * v), Tinv @ (b * decayed(k, Lam)), Akk, Tinv
+    Tb = Tinv * b.transpose(-1, -2)                                    # T diag(β): β_j on column j
+    return Tb @ v, Tb @ decayed(k, Lam), Akk, Tinv
 
 
 def state_pass(f: Factors, d, S, output_final_state, out_dtype):
     """Walk the chunks in order: residuals from the entering state, outputs, next state."""
     Sin, S, Vt = entering_states(f, S)                                 # [B, H, N, K, V]
-    o = outputs.empty(f.U.shape[:4] + (d.V,), dtype=d.acc, device=f.Qg.device)
-    o[:] = chunk_outputs(f, Sin, Vt, d.scale)
-    return from_chunks(o, d.T).to(out_dtype), (S if output_final_state else None)
+    o = outputs.empty((d.B, d.T, d.H, d.V), dtype=out_dtype, device=f.Qg.device)
+    write_outputs(o, f, Sin, Vt, d.scale)
+    return o, (S if output_final_state else None)
 
 
 def entering_states(f: Factors, S):
@@ -392,13 +396,18 @@ def entering_states(f: Factors, S):
     Per chunk two small matmuls, Ṽ = U − W S and S' = e^{G_C} S + Kdecᵀ Ṽ; the outputs, which
     need only the entering state and Ṽ, follow for all chunks at once (`chunk_outputs`).
     """
+    B, H, N = f.U.shape[:3]
+    U, W, Kdec, last = (x.flatten(0, 1) if x is not None else None
+                        for x in (f.U, f.W, f.Kdec, f.last))           # [B·H, N, ...]
+    S = S.flatten(0, 1)                                                # [B·H, K, V]
     entering, Vts = [], []
-    for n in range(f.U.shape[2]):
+    for n in range(N):
         entering.append(S)
-        Vt = f.U[:, :, n] if f.W is None else f.U[:, :, n] - f.W[:, :, n] @ S   # [B, H, C, V]
+        Vt = U[:, n] if W is None else torch.baddbmm(U[:, n], W[:, n], S, alpha=-1)   # [B·H, C, V]
         Vts.append(Vt)
-        S = f.last[:, :, n] * S + f.Kdec[:, :, n].transpose(-1, -2) @ Vt       # [B, H, K, V]
-    return torch.stack(entering, 2), S, torch.stack(Vts, 2)
+        S = torch.baddbmm(last[:, n] * S, Kdec[:, n].transpose(-1, -2), Vt)          # [B·H, K, V]
+    unflat = (lambda x: x.unflatten(0, (B, H)))
+    return unflat(torch.stack(entering, 1)), unflat(S), unflat(torch.stack(Vts, 1))
 
 
 def residuals(f: Factors, Sin):
@@ -406,6 +415,11 @@ def residuals(f: Factors, Sin):
     return f.U if f.W is None else f.U - f.W @ Sin
 
 
-def chunk_outputs(f: Factors, Sin, Vt, scale):
-    """O = scale · (Qg S + Aqk Ṽ) of every chunk at once, [B, H, N, C, V]."""
-    return scale * (f.Qg @ Sin + f.Aqk @ Vt)
+def chunk_outputs(f: Factors, Sin, Vt):
+    """O / scale = Qg S + Aqk Ṽ of every chunk at once, [B, H, N, C, V]."""
+    return (f.Qg @ Sin).add_(f.Aqk @ Vt)
+
+
+def write_outputs(o, f: Factors, Sin, Vt, scale):
+    """o [B, T, H, V] ← scale · (Qg S + Aqk Ṽ): scaling, layout and dtype in one pass."""
+    o.copy_(from_chunks(chunk_outputs(f, Sin, Vt).mul_(scale), o.shape[1]))

@@ -51,7 +51,7 @@ class DeltaChunkFunction(torch.autograd.Function):
         f, Akk, Tm = delta.chunk_factors(q, k, v, g, beta, d, C, delta=True)
         Sin, S, Vt = delta.entering_states(f, initial(initial_state, d, q.device))
         o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=v.device)
-        o[:] = delta.from_chunks(delta.chunk_outputs(f, Sin, Vt, d.scale), d.T)
+        delta.write_outputs(o, f, Sin, Vt, d.scale)
         ctx.d, ctx.C = d, C
         # kept: the inputs and the C×C matrices and WY factors, whose recomputation would be most
         # of a forward; the chunk states only with recompute=False
