@@ -99,3 +99,22 @@ def test_fused_step_refuses_float64():
     args = testing.make_inputs("gla", B=1, T=1, H=1, K=16, V=16, dtype=torch.float64)
     with pytest.raises(InputError, match="q has dtype"):
         fused.gla_step(**one_token(args, 0))
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "gla", "kda"])
+def test_generate_equals_rerunning_the_whole_sequence(mixer):
+    """Greedy tokens from prefill + one-token steps are those the whole-sequence model predicts."""
+    from linattn import mqar
+    from linattn.nn import generate
+
+    torch.manual_seed(0)
+    model = mqar.RecallModel(mixer, 32, d_model=32, n_heads=2, layers=2).eval()
+    prompt = torch.randint(0, 32, (2, 7), generator=torch.Generator().manual_seed(1))
+    with testing.poisoned():
+        seq, states = generate(model, prompt, 6)
+        with torch.no_grad():
+            logits, whole = model(seq)
+    assert torch.equal(seq[:, 7:], logits[:, 6:-1].argmax(-1))
+    assert all(s.seen == 13 for s in states)       # the last token is fed too: ready to continue
+    for s, w in zip(states, whole):
+        assert testing.rel_err(s.memory, w.memory) <= testing.tolerance(torch.float32)

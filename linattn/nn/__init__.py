@@ -6,6 +6,7 @@ from .layers import (DeltaNet, GatedDeltaNet, GatedLinearAttention, KimiDeltaAtt
                      LinearAttention, RecurrentLayer)
 from .softmax import SoftmaxAttention  # noqa: F401
 from .state import LayerState  # noqa: F401
+from .generate import generate, prefill_then_decode  # noqa: F401
 
 LAYERS = {
     "softmax": SoftmaxAttention,
@@ -16,5 +17,5 @@ LAYERS = {
     "kda": KimiDeltaAttention,
 }
 
-__all__ = ["LAYERS", "LayerState", "RecurrentLayer", "SoftmaxAttention", "LinearAttention",
+__all__ = ["LAYERS", "generate", "prefill_then_decode", "LayerState", "RecurrentLayer", "SoftmaxAttention", "LinearAttention",
            "GatedLinearAttention", "DeltaNet", "GatedDeltaNet", "KimiDeltaAttention"]

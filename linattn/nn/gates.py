@@ -12,11 +12,17 @@ nothing is exponentiated here: the kernels exp only differences of cumulative su
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 TAU = 16.0
 RANK = 16
+
+
+def log_gate(z, tau: float = TAU):
+    """log α = logsigmoid(z) / τ for gate pre-activations z (float32; float64 stays float64)."""
+    return F.logsigmoid(z if z.dtype == torch.float64 else z.float()) / tau
 
 
 class LogGate(nn.Module):
@@ -33,5 +39,5 @@ class LogGate(nn.Module):
 
     def forward(self, x):
         z = self.proj(x)                                              # [B, T, H·K] or [B, T, H]
-        g = F.logsigmoid(z.float()) / self.tau                        # log α ≤ 0, float32 (kernels' rule)
+        g = log_gate(z, self.tau)                                     # log α ≤ 0, float32 (kernels' rule)
         return g.unflatten(-1, (self.n_heads, -1)) if self.per_dim else g
