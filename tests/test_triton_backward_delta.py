@@ -183,3 +183,66 @@ def test_plain_forward_without_grad(monkeypatch):
         o2, _ = tri.delta_rule(**a, chunk_size=16)
     assert not used and not o.requires_grad and not o2.requires_grad
     assert torch.equal(o, o2)
+
+
+# ---------------------------------------------------------------- peak memory of the forward
+
+def forward_bytes(op, gate, B, T, H, K, V, C, dtype):
+    """Bytes the forward's buffers hold, stage by stage, when each intermediate is dropped as soon
+    as no later stage reads it (linattn.triton.delta.factors_and_states); returns the peak."""
+    R, NT = B * T * H, -(-T // C)
+    w = 4 if dtype == torch.float32 or not GPU else torch.tensor([], dtype=dtype).element_size()
+    gated = gate is not None
+    a, aqk, ai = R * C * 4, R * C * w, R * C * 4
+    W, U, hs = R * K * w, R * V * w, B * H * NT * K * V * w
+    qg = kd = R * K * w if gated else 0
+    dl = B * H * NT * K * 4 if gated else 0
+    o = R * V * torch.tensor([], dtype=dtype).element_size()
+    return max(a + aqk + ai,                                    # the inverse: A and 𝒯
+               aqk + ai + W + U + qg + kd + dl,                 # W, U: 𝒯 still read
+               aqk + W + U + qg + kd + dl + hs,                 # the state pass (Ṽ over U)
+               aqk + qg + U + hs + o)                           # the output stage
+
+
+def tracked_peak(monkeypatch, fn):
+    """Peak bytes held at once by the buffers allocated through linattn.outputs.empty."""
+    from linattn import outputs
+    import weakref
+    real, live = outputs.empty, {"now": 0, "peak": 0}
+
+    def empty(shape, *, dtype, device):
+        x = real(shape, dtype=dtype, device=device)
+        n = x.numel() * x.element_size()
+        live["now"] += n
+        live["peak"] = max(live["peak"], live["now"])
+        weakref.finalize(x, lambda: live.__setitem__("now", live["now"] - n))
+        return x
+
+    monkeypatch.setattr(outputs, "empty", empty)
+    out = fn()
+    return live["peak"], out
+
+
+@pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim")])
+def test_forward_frees_intermediates(monkeypatch, op, gate):
+    # A, 𝒯, W, U and the decays do not outlive the stage that last reads them, and Ṽ reuses U
+    shape = (1, 200, 2, 32, 48, 64)
+    a = inputs(op, gate, *shape[:-1], torch.float32, initial_state=False)
+    peak, (o, _) = tracked_peak(monkeypatch, lambda: getattr(tri, op)(**a, chunk_size=64))
+    assert peak <= forward_bytes(op, gate, *shape, torch.float32)
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA memory statistics")
+@pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim")])
+def test_forward_peak_memory_gpu(op, gate):
+    # the benchmark's long sequence: the CUDA allocator's peak during one forward, beyond the
+    # inputs, is the live set of the heaviest stage (plus a little for launch bookkeeping)
+    shape = (1, 32768, 16, 128, 128, 64)
+    a = inputs(op, gate, *shape[:-1], torch.bfloat16, initial_state=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    o, _ = getattr(tri, op)(**a, chunk_size=64)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= forward_bytes(op, gate, *shape, torch.bfloat16) + 8 * 2**20, extra / 2**20

@@ -137,13 +137,15 @@ def plan(q, g, d, C) -> Plan:
                 torch.float32 if ieee else q.dtype, block(d.K, minimum=MIN_BK), q.device)
 
 
-def state_stage(wy: dict, h0, p: Plan, output_final_state: bool):
+def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = False):
     """Stage 2, one program per (V-block, head) walking the chunks in order: Ṽ = U − W S,
     S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ. Returns (states [B,H,NT,K,V] entering each chunk,
-    Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None)."""
+    Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None). over_u: Ṽ is written over U (each
+    program reads a block of U once, then writes Ṽ to the same place), saving a [B,T,H,V] buffer
+    when nothing reads U afterwards."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     hs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
-    vnew = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
+    vnew = wy["u"] if over_u else outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
     ht = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
     BV = state_block(V, B * H)
     _state_kernel[(triton.cdiv(V, BV), B * H)](
@@ -170,9 +172,27 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
     p = plan(q, g, d, C)
     q, k, v, g, beta = contiguous(q, k, v, g, beta)
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
-    wy = wy_stage(q, k, v, g, beta, p)
-    hs, vnew, ht = state_stage(wy, h0, p, output_final_state)
+    wy, hs, vnew, ht = factors_and_states(q, k, v, g, beta, h0, p, output_final_state, keep=False)
     return output_stage(q, wy, hs, vnew, p, v.dtype), ht
+
+
+def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, keep: bool):
+    """Stages 1 and 2: (wy dict, states, Ṽ, final state). Peak memory: each intermediate is
+    dropped as soon as no later stage reads it — A once 𝒯 is known, 𝒯 once W and U are, and W, U,
+    K ⊙ e^{G_C − G}, e^{G_C} after the state pass, with Ṽ written over U — so the output stage
+    adds O to Aqk, (scale · Q ⊙ e^G), the states and Ṽ only. keep=True (the backward reads them)
+    keeps 𝒯, W, U and the decays, and Ṽ in a buffer of its own."""
+    s = scores_stage(q, k, g, beta, p)
+    ai = inverse_stage(s.pop("a"), p)
+    wy = dict(s, ai=ai, **wu_stage(q, k, v, g, beta, ai, p))
+    del ai
+    if not keep:
+        del wy["ai"]
+    hs, vnew, ht = state_stage(wy, h0, p, output_final_state, over_u=not keep)
+    if not keep:
+        for name in ("w", "u", "kd", "dl"):
+            del wy[name]
+    return wy, hs, vnew, ht
 
 
 # ---------------------------------------------------------------- stages 2 and 3

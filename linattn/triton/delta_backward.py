@@ -24,9 +24,9 @@ Backward, given dO and the gradient of the final state (0 unless output_final_st
 
 Kernels: all four steps (the stage-1/2 recomputation is the forward's own kernels). The host only
 allocates, launches, adds the per-K-block partial sums of dβ (and of a per-head dg) and casts.
-Every exponent stays ≤ 0 as in the forward; tiles are float32 under the interpreter and IEEE
-float32 dots for float32 inputs natively; intermediates handed between the backward's kernels are
-float32.
+Every exponent stays ≤ 0 as in the forward; tiles are float32 under the interpreter, and float32
+inputs natively multiply as three tf32 products (`wy_backward.mm`); intermediates handed between
+the backward's kernels are float32.
 """
 from __future__ import annotations
 
@@ -36,9 +36,8 @@ import triton.language as tl
 
 from .. import outputs
 from .common import block, contiguous
-from .delta import _mm, output_stage, plan, state_stage
-from .wy import wy_stage
-from .wy_backward import gate_stage
+from .delta import factors_and_states, output_stage, plan
+from .wy_backward import gate_stage, mm, precise
 
 # V-blocks of the reverse state pass and of the per-chunk reductions
 TUNING = dict(bv_state=32, bv_chunk=32, warps_state=4, warps_chunk=4)
@@ -62,17 +61,15 @@ class _DeltaFunction(torch.autograd.Function):
         p = plan(q, g, d, C)
         q, k, v, g, beta = contiguous(q, k, v, g, beta)
         h0 = None if h0_in is None else h0_in.to(torch.float32).contiguous()
-        wy = wy_stage(q, k, v, g, beta, p)
-        hs, vnew, ht = state_stage(wy, h0, p, output_final_state)
+        # recompute: the forward frees its intermediates as the plain forward does; keep: the
+        # backward reads 𝒯, W, U, the decays, Aqk, (Qs), the states and Ṽ
+        wy, hs, vnew, ht = factors_and_states(q, k, v, g, beta, h0, p, output_final_state,
+                                              keep=not recompute)
         o = output_stage(q, wy, hs, vnew, p, v.dtype)
         ctx.p, ctx.recompute, ctx.has_h0 = p, recompute, h0 is not None
         ctx.dtypes = (None if h0_in is None else h0_in.dtype,)
-        if recompute:
-            ctx.keep = None
-        else:
-            # what the backward reads of stages 1 and 2 (A is not needed once 𝒯 is known)
-            ctx.keep = dict(wy, hs=hs, vnew=vnew)
-            ctx.keep.pop("a")
+        ctx.keep = None if recompute else dict(wy, hs=hs, vnew=vnew)
+        del wy, hs, vnew
         ctx.save_for_backward(q, k, v, g, beta, h0)
         if ht is None:
             ht = torch.zeros((), dtype=torch.float32, device=q.device)  # a placeholder output
@@ -83,10 +80,10 @@ class _DeltaFunction(torch.autograd.Function):
         q, k, v, g, beta, h0 = ctx.saved_tensors
         p = ctx.p
         if ctx.keep is None:
-            wy = wy_stage(q, k, v, g, beta, p)
-            hs, vnew, _ = state_stage(wy, h0, p, False)
+            wy, hs, vnew, _ = factors_and_states(q, k, v, g, beta, h0, p, False, keep=True)
         else:
             wy, hs, vnew = ctx.keep, ctx.keep["hs"], ctx.keep["vnew"]
+            ctx.keep = None                               # freed as soon as the backward ends
         do = do.contiguous()
         dht = dht.to(torch.float32).contiguous() if dht is not None and dht.dim() == 4 else None
         dhs, dvnew, dh0 = dstate_stage(q, wy, do, dht, p)
@@ -111,7 +108,7 @@ def dstate_stage(q, wy, do, dht, p):
         wy["qg"] if p.gate else q, wy["kd"], wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
+        X3=precise(p), HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
     return dhs, dvnew, dh0
 
 
@@ -130,7 +127,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
         v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        num_warps=TUNING["warps_chunk"])
+        X3=precise(p), num_warps=TUNING["warps_chunk"])
     return grads, dv, db_v
 
 
@@ -140,7 +137,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
 def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                   HAS_DHT: tl.constexpr):
+                   X3: tl.constexpr, HAS_DHT: tl.constexpr):
     iv, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     dk = tl.arange(0, BK)
@@ -170,11 +167,11 @@ def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H
         if GATE == 0:
             qt = qt * scale
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
-        dVt = _mm(tl.trans(Aqk), dOt, DT, IEEE) + _mm(kt, dS, DT, IEEE)         # [C, BV] dṼ
+        dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
-        dS += _mm(tl.trans(qt), dOt, DT, IEEE) - _mm(tl.trans(Wt), dVt, DT, IEEE)  # [BK, BV] dS_n
+        dS += mm(tl.trans(qt), dOt, DT, IEEE, X3) - mm(tl.trans(Wt), dVt, DT, IEEE, X3)  # [BK, BV] dS_n
     tl.store(dh0 + bh.to(tl.int64) * K * V + offs, dS, mask=ms)
 
 
@@ -182,7 +179,7 @@ def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H
 def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
                    dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   IEEE: tl.constexpr, X3: tl.constexpr):
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     jc = tl.arange(0, C)
@@ -216,18 +213,18 @@ def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, d
         vt = tl.load(v + offv, mask=mv, other=0.0).to(tl.float32)
         S = tl.load(hs + offs, mask=ms, other=0.0).to(tl.float32)                 # [BK, BV]
         dS = tl.load(dhs + offs, mask=ms, other=0.0)
-        dQs += _mm(dOt, tl.trans(S), DT, IEEE)                                    # [C, BK]
-        dKd += _mm(Vt, tl.trans(dS), DT, IEEE)
-        dW -= _mm(dVt, tl.trans(S), DT, IEEE)
+        dQs += mm(dOt, tl.trans(S), DT, IEEE, X3)                                    # [C, BK]
+        dKd += mm(Vt, tl.trans(dS), DT, IEEE, X3)
+        dW -= mm(dVt, tl.trans(S), DT, IEEE, X3)
         dDl += tl.sum(S * dS, axis=1)
-        dAqk += _mm(dOt, tl.trans(Vt), DT, IEEE)                                  # [C, C]
-        dBv = _mm(tl.trans(Ti), dVt, DT, IEEE)                                    # [C, BV] 𝒯ᵀ dU
+        dAqk += mm(dOt, tl.trans(Vt), DT, IEEE, X3)                                  # [C, C]
+        dBv = mm(tl.trans(Ti), dVt, DT, IEEE, X3)                                    # [C, BV] 𝒯ᵀ dU
         tl.store(dv_out + offv, (dBv * bt[:, None]).to(dv_out.dtype.element_ty), mask=mv)
         dbv += tl.sum(dBv * vt, axis=1)
-        dA += _mm(dBv, tl.trans(Ut), DT, IEEE)
-    dBk = _mm(tl.trans(Ti), dW, DT, IEEE)                                         # [C, BK] 𝒯ᵀ dW
+        dA += mm(dBv, tl.trans(Ut), DT, IEEE, X3)
+    dBk = mm(tl.trans(Ti), dW, DT, IEEE, X3)                                         # [C, BK] 𝒯ᵀ dW
     Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)
-    dA = -(dA + _mm(dBk, tl.trans(Wt), DT, IEEE))
+    dA = -(dA + mm(dBk, tl.trans(Wt), DT, IEEE, X3))
     dA = tl.where(jc[:, None] > jc[None, :], dA, 0.0)
     dAqk = tl.where(jc[:, None] >= jc[None, :], dAqk, 0.0)
     tl.store(dqs + offk, dQs, mask=mk)

@@ -34,7 +34,23 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot
+from .common import dot, interpreting
+
+def precise(p) -> bool:
+    """float32 tiles natively: tf32x3 products (see `mm`)."""
+    return p.ieee and not interpreting()
+
+
+@triton.jit
+def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+    """a @ b with float32 accumulation: bf16/fp16 tiles on the tensor cores; float32 tiles natively
+    as three tf32 products (X3, relative error ~2⁻²¹: compiled for sm_90, IEEE products of these
+    [64, 128] tiles took minutes and spilled tens of KB, as the forward's inverse did), exactly
+    under the interpreter."""
+    if X3:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return dot(a.to(DT), b.to(DT), IEEE)
+
 
 # K-block of this kernel: the column walk keeps five [C, BK] float32 tiles live
 BK_GATES = 64
@@ -59,7 +75,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        num_warps=TUNING["warps"])
+        X3=precise(p), num_warps=TUNING["warps"])
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
@@ -68,7 +84,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
 @triton.jit
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                 DT: tl.constexpr, IEEE: tl.constexpr):
+                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
     ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     jc = tl.arange(0, C)
@@ -119,10 +135,10 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         if GATE == 1:
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # [C, C] ≤ 1
             Mq, Ma = Mq * E, Ma * E
-        Z = dot(Mq.to(DT), kt.to(DT), IEEE)                                       # [C, BK]
-        Zt = dot(tl.trans(Mq).to(DT), qt.to(DT), IEEE)
-        X = dot(Ma.to(DT), kt.to(DT), IEEE)
-        Y = dot(tl.trans(Ma * bt[:, None]).to(DT), kt.to(DT), IEEE)
+        Z = mm(Mq, kt, DT, IEEE, X3)                                       # [C, BK]
+        Zt = mm(tl.trans(Mq), qt, DT, IEEE, X3)
+        X = mm(Ma, kt, DT, IEEE, X3)
+        Y = mm(tl.trans(Ma * bt[:, None]), kt, DT, IEEE, X3)
     dqt = Z + scale * eG * dQs
     dkt = Zt + bt[:, None] * X + Y + tail * dKd + bt[:, None] * eG * dBk
     tl.store(dq + offk, dqt.to(dq.dtype.element_ty), mask=mk)
