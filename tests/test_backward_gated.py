@@ -176,14 +176,14 @@ def test_halving_tiles_match_float64(C, c, strength):
     g = testing.log_gates((2, C, 16), strength, generator=gen)
     q64, k64 = q.double().requires_grad_(True), k.double().requires_grad_(True)
     truth = attention_matrix(q64, k64, g.double())
-    P = gla_tiles.intra_matrix(q, k, gla_tiles.Sweep(g), c, torch.float32)
+    P = gla_tiles.intra_matrix(q, k, gla_tiles.Sweep(g.exp()), c, torch.float32)
     assert P.shape == (2, C, C) and (P.triu(1) == 0).all()
     assert testing.rel_err(P, truth) <= testing.tolerance(torch.float32)
-    Pb = gla_tiles.intra_matrix(q, k, gla_tiles.Sweep(g), c, torch.bfloat16)
+    Pb = gla_tiles.intra_matrix(q, k, gla_tiles.Sweep(g.exp()), c, torch.bfloat16)
     assert testing.rel_err(Pb, truth) <= testing.tolerance(torch.bfloat16)
     dP = torch.randn(2, C, C, generator=gen).tril(-1)
     (truth * dP.double()).sum().backward()
-    P2, dq, dk = gla_tiles.intra_backward(dP, q, k, gla_tiles.Sweep(g))
+    P2, dq, dk = gla_tiles.intra_backward(dP, q, k, gla_tiles.Sweep(g.exp()))
     assert testing.rel_err(P2, truth) <= testing.tolerance(torch.float32)
     assert testing.rel_err(dq, q64.grad) <= GRAD_TOLERANCE[torch.float32]
     assert testing.rel_err(dk, k64.grad) <= GRAD_TOLERANCE[torch.float32]

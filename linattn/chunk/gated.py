@@ -73,39 +73,45 @@ def forward(q, k, v, g, initial_state, plan):
     v's dtype [B, T, H, V], the final state and the states entering each chunk [B, H, N, K, V]."""
     d, C = plan.d, plan.C
     # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
-    qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]
-    kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
-    vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
-    gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
-
+    # Fresh dense copies: the matmuls run on dense batches, and they may be overwritten below
+    # (on the CPU every fresh buffer of a few MB costs page faults, as much as the arithmetic).
+    qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, N, C, K]  Q̂
+    kc = dense_chunks(k, C, d.acc)                                    # [B, H, N, C, K]
+    vc = dense_chunks(v, C, d.acc)                                    # [B, H, N, C, V]
     S0 = initial(initial_state, d, q.device)                          # [B, H, K, V]
-    if gc is None:
+    gamma = None
+    if g is None:
         P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
-        Sin, S = _state_pass(kc, vc, None, S0, plan.mm)               # [B, H, N, K, V], [B, H, K, V]
-        q_abs = qc                                                    # [B, H, N, C, K]
+    elif g.dim() == q.dim():
+        sweep = gla_tiles.Sweep(dense_chunks(g, C, d.acc).exp_())     # per dimension: halving tiles
+        P = gla_tiles.intra_matrix(qc, kc, sweep, plan.c, plan.mm)   # [B, H, N, C, C]
+        qc.mul_(sweep.query), kc.mul_(sweep.key)                      # Q̂ ⊙ Λ, K ⊙ Γ
+        gamma = sweep.total                                           # [B, H, N, K]
     else:
-        if gc.dim() == qc.dim():
-            sweep = gla_tiles.Sweep(gc)                               # per dimension: halving tiles
-            P = gla_tiles.intra_matrix(qc, kc, sweep, plan.c, plan.mm)  # [B, H, N, C, C]
-        else:
-            sweep = None
-            P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)   # per head: (Q Kᵀ) ⊙ D
-        lam, Gam, gam = chunk_decays(gc, qc, sweep)                   # Λ, Γ [B,H,N,C,K or 1], γ
-        Sin, S = _state_pass(kc * Gam, vc, gam, S0, plan.mm)          # [B, H, N, K, V], [B, H, K, V]
-        q_abs = qc * lam                                              # [B, H, N, C, K]  Q ⊙ Λ
-    o = _mm(P, vc, plan.mm) + _mm(q_abs, Sin, plan.mm)                # [B, H, N, C, V] intra + inter
+        gc = dense_chunks(g, C, d.acc)                                # [B, H, N, C]
+        P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)       # per head: (Q Kᵀ) ⊙ D
+        lam, Gam, gamma = chunk_decays(gc, qc)                        # [B, H, N, C, 1] ×2, [.., 1]
+        qc.mul_(lam), kc.mul_(Gam)                                    # Q̂ ⊙ Λ, K ⊙ Γ
+    Sin, S = _state_pass(kc, vc, gamma, S0, plan.mm)                  # [B, H, N, K, V], [B, H, K, V]
+    o = _mm(P, vc, plan.mm)                                           # [B, H, N, C, V] intra
+    _mm_add_(o, qc, Sin, plan.mm)                                     # + inter: (Q̂ ⊙ Λ) S_[n-1]
 
     out = outputs.empty((d.B, d.T, d.H, d.V), dtype=d.acc, device=q.device)
     out[:] = decay.unchunked(o, d.T)
     return out.to(v.dtype), S, Sin
 
 
-def chunk_decays(gc, qc, sweep=None):
-    """Λ, Γ (the chunk's query and key decays, [B, H, N, C, K or 1]) and γ ([B, H, N, K or 1]);
-    for per-dimension gates those of a finished `gla_tiles.Sweep`."""
-    if sweep is not None:
-        return sweep.query, sweep.key, sweep.total
-    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, K or 1]
+def dense_chunks(x, C, dtype):
+    """decay.chunked(x, C) as a fresh dense [B, H, N, C, ...] tensor of `dtype`, owned by the caller
+    (decay.chunked may return a strided view of x itself)."""
+    y = decay.chunked(x, C)
+    return torch.empty(y.shape, dtype=dtype, device=y.device).copy_(y)
+
+
+def chunk_decays(gc, qc):
+    """Per-head gates gc [B, H, N, C]: Λ, Γ (the chunk's query and key decays, [B, H, N, C, 1]) and
+    γ ([B, H, N, 1]). (Per-dimension gates get theirs from `gla_tiles.Sweep`.)"""
+    gd = decay.per_dim(gc, qc)                                        # [B, H, N, C, 1]
     return decay.query_decay(gd), decay.key_decay(gd), decay.total_decay(gd)
 
 
@@ -116,14 +122,14 @@ def _state_pass(k_abs, vc, gamma, S, mm):
     the state entering each chunk [B, H, N, K, V] and the state after the last chunk.
     """
     kv = _mm(k_abs.transpose(-1, -2), vc, mm)                         # [B, H, N, K, V], all chunks at once
-    entering = []
     for n in range(kv.shape[2]):
-        entering.append(S)
+        write = kv[:, :, n].clone()                                   # [B, H, K, V]
+        kv[:, :, n] = S                                               # the buffer now holds S_[n-1]
         if gamma is None:
-            S = S + kv[:, :, n]
+            S = S + write
         else:
-            S = gamma[:, :, n, :, None] * S + kv[:, :, n]             # diag(γ) S: decays row κ by γ_κ
-    return torch.stack(entering, dim=2), S
+            S = gamma[:, :, n, :, None] * S + write                   # diag(γ) S: decays row κ by γ_κ
+    return kv, S
 
 
 def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
@@ -185,6 +191,14 @@ def _matmul_dtype(inter_dtype, input_dtype):
         raise InputError(f"inter_dtype must be None (→ the input dtype) or one of "
                          f"{[str(t) for t in FLOAT_DTYPES]}, got {inter_dtype!r}")
     return inter_dtype
+
+
+def _mm_add_(out, a, b, dtype):
+    """out += a @ b (operands rounded to `dtype`); in place, without a temporary, when unrounded."""
+    if dtype == a.dtype or a.dtype.itemsize <= dtype.itemsize:
+        out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    else:
+        out += _mm(a, b, dtype)
 
 
 def _mm(a, b, dtype):

@@ -63,11 +63,13 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     """dq, dk, dv, dg, d initial_state (None where not needed) for the incoming do, dS_final."""
     d, C = plan.d, plan.C
     dev = q.device
-    qc = decay.chunked(q.to(d.acc) * d.scale, C)                      # [B, H, N, C, K]  Q̂
-    kc = decay.chunked(k.to(d.acc), C)                                # [B, H, N, C, K]
-    vc = decay.chunked(v.to(d.acc), C)                                # [B, H, N, C, V]
-    gc = None if g is None else decay.chunked(g.to(d.acc), C)         # [B, H, N, C] or [.., C, K]
-    doc = (decay.chunked(do.to(d.acc), C) if do is not None           # [B, H, N, C, V]
+    # decay.chunked may return a strided view in the input's [B, T, H] order; one copy into the
+    # [B, H, N, C, ·] layout makes every matmul below run on dense batches.
+    qc = decay.chunked(q.to(d.acc) * d.scale, C).contiguous()         # [B, H, N, C, K]  Q̂
+    kc = decay.chunked(k.to(d.acc), C).contiguous()                   # [B, H, N, C, K]
+    vc = decay.chunked(v.to(d.acc), C).contiguous()                   # [B, H, N, C, V]
+    gc = None if g is None else decay.chunked(g.to(d.acc), C).contiguous()  # [B, H, N, C] or [.., C, K]
+    doc = (decay.chunked(do.to(d.acc), C).contiguous() if do is not None  # [B, H, N, C, V]
            else torch.zeros_like(vc))
     # Intra-chunk tiles first (dP needs nothing else; per-dimension gates then also give the sums
     # behind Λ, Γ, γ). The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient its
@@ -83,13 +85,15 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
         dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
     else:
         # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
-        sweep = gla_tiles.Sweep(gc)
+        sweep = gla_tiles.Sweep(gc.exp())
         P, dq_in, dk_in = gla_tiles.intra_backward(dP, qc, kc, sweep)  # [.., C, C], [.., C, K] ×2
     if gc is None:
         lam = Gam = torch.ones((), dtype=d.acc, device=dev)           # no decay
         gam = None
+    elif sweep is None:
+        lam, Gam, gam = chunk_decays(gc, qc)                          # Λ, Γ [B, H, N, C, 1], γ
     else:
-        lam, Gam, gam = chunk_decays(gc, qc, sweep)                   # Λ, Γ [B,H,N,C,K or 1], γ
+        lam, Gam, gam = sweep.query, sweep.key, sweep.total           # [B, H, N, C, K], [.., K]
 
     # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
     # exactly as the forward computed them, operand rounding included: both give one gradient.

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 class Sweep:
     """The split factors level by level, and afterwards the chunk's own decays Λ, Γ, γ.
 
-    Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two):
+    Built on decays = exp(g) [..., C, K] (the decay of each single step), which the sweep
+    overwrites: pass a tensor of your own. Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two):
     F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t) for
     the columns of each first half, both [..., C2/2s, s, K] (views: read them, do not write them).
     Once the sweep is done, .query [..., C, K] holds Λ_t = exp(Σ_{s ≤ t} g_s), .key holds
@@ -46,13 +47,13 @@ class Sweep:
     decay is smaller than float32 can hold. Level by level, each level's factors are only views.
     """
 
-    def __init__(self, g):
-        self.g = g
+    def __init__(self, decays):
+        self.decays = decays
         self.query = self.key = self.total = None
 
     def __iter__(self):
-        C = self.g.shape[-2]
-        pre = _pad(self.g).exp()                                      # [..., C2, K] prefix decays in blocks of 1
+        C = self.decays.shape[-2]
+        pre = _pad(self.decays, 1.0)                                  # [..., C2, K] prefix decays in blocks of 1
         suf = torch.ones_like(pre)                                    # [..., C2, K] suffix decays in blocks of 1
         s = 1
         while s < pre.shape[-2]:
@@ -67,12 +68,12 @@ class Sweep:
 def intra_matrix(q, k, sweep, c, mm):
     """P_ij = Σ_κ q_iκ k_jκ exp(b_iκ − b_jκ) for i ≥ j, 0 above: q, k [..., C, K] → [..., C, C].
 
-    sweep = Sweep(g), run here. Blocks of s ≥ c round their operands to `mm`, smaller ones stay in
+    sweep = Sweep(exp(g)), run here. Blocks of s ≥ c round their operands to `mm`, smaller ones stay in
     q's dtype."""
     C = q.shape[-2]
     q, k = _pad(q), _pad(k)                                           # [..., C2, K]
     P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
-    P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))               # i = j: decay exp(0) = 1
+    P.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vecdot(q, k))    # i = j: decay exp(0) = 1
     for s, qf, kf in sweep:
         q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
         k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
@@ -121,8 +122,8 @@ def _dot(a, b, mm):
     return a @ b.transpose(-1, -2)
 
 
-def _pad(x):
-    """Pad dim −2 to a power of two with zeros (a zero query/key and log-gate 0 change nothing)."""
+def _pad(x, value=0.0):
+    """Pad dim −2 to a power of two (zero queries/keys, decay 1: the padding changes nothing)."""
     C = x.shape[-2]
     C2 = 1 << (C - 1).bit_length()
-    return x if C2 == C else F.pad(x, (0, 0, 0, C2 - C))
+    return x if C2 == C else F.pad(x, (0, 0, 0, C2 - C), value=value)
