@@ -244,3 +244,11 @@ def test_triton_kernel_capture_round_trip(home):
     exec(compile(saved + "\nSOLUTION = double\n", str(home / "saved.py"), "exec"), out)
     x = torch.randn(37)
     assert torch.equal(out["SOLUTION"](x), 2 * x)
+
+
+def test_keyboard_interrupt_is_not_swallowed():
+    def pressed_stop(q, k, v, **kw):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        verdict(pressed_stop)
