@@ -15,11 +15,12 @@ chunk's Λ, Γ and γ.
 
 Precision: each factor is the decay of one segment (a prefix or a suffix inside a half), a product
 of decays ≤ 1 built from the totals of its sub-blocks; nothing is divided, so no factor exceeds 1
-and none is the inverse of a decay. When a factor underflows, the true product is smaller still. The blocks of c × c and larger are the tensor-core
-tiles whose operands are rounded to `inter_dtype`; smaller blocks (inside the diagonal sub-chunk
-tiles) stay in float32, as the diagonal tiles of two-level chunking do.
+and none is the inverse of a decay. When a factor underflows, the true product is smaller still.
+The blocks of c × c and larger are the tensor-core tiles whose operands are rounded to
+`inter_dtype`; smaller blocks (inside the diagonal sub-chunk tiles) stay in float32, as the
+diagonal tiles of two-level chunking do.
 
-C need not be a power of two: the chunk is padded (q = k = 0, g = 0) to one for the tiles.
+C need not be a power of two: the chunk is padded (q = k = 0, decay 1) to one for the tiles.
 """
 from __future__ import annotations
 
@@ -27,12 +28,12 @@ import torch
 import torch.nn.functional as F
 
 
-
 class Sweep:
     """The split factors level by level, and afterwards the chunk's own decays Λ, Γ, γ.
 
     Built on decays = exp(g) [..., C, K] (the decay of each single step), which the sweep
-    overwrites: pass a tensor of your own. Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2 (C2 = C padded to a power of two):
+    overwrites: pass a tensor of your own. Iterating gives (s, F_q, F_k) for s = 1, 2, …, C2/2
+    (C2 = C padded to a power of two):
     F_q = exp(Σ_{m ≤ t ≤ i} g_t) for the rows of each second half, F_k = exp(Σ_{j < t < m} g_t) for
     the columns of each first half, both [..., C2/2s, s, K] (views: read them, do not write them).
     Once the sweep is done, .query [..., C, K] holds Λ_t = exp(Σ_{s ≤ t} g_s), .key holds
@@ -53,8 +54,8 @@ class Sweep:
 
     def __iter__(self):
         C = self.decays.shape[-2]
-        pre = _pad(self.decays, 1.0)                                  # [..., C2, K] prefix decays in blocks of 1
-        suf = torch.ones_like(pre)                                    # [..., C2, K] suffix decays in blocks of 1
+        pre = _pad(self.decays, 1.0)                                  # [..., C2, K] prefix decays, blocks of 1
+        suf = torch.ones_like(pre)                                    # [..., C2, K] suffix decays, blocks of 1
         s = 1
         while s < pre.shape[-2]:
             p, u = pre.unflatten(-2, (-1, 2, s)), suf.unflatten(-2, (-1, 2, s))  # [.., C2/2s, 2, s, K]
