@@ -252,3 +252,21 @@ def test_keyboard_interrupt_is_not_swallowed():
 
     with pytest.raises(KeyboardInterrupt):
         verdict(pressed_stop)
+
+
+def test_an_abandoned_call_leaves_torch_empty_alone():
+    """Outside the main thread a call past its limit is abandoned, still running: the grader's
+    NaN-filled torch.empty must not outlive the check."""
+    import threading
+    import time as clock
+
+    def spin(q, k, v, **kw):
+        end = clock.monotonic() + 3
+        while clock.monotonic() < end:
+            pass
+
+    t = threading.Thread(target=lambda: check("ch01.recurrent", spin, seed=5, record=False,
+                                              quiet=True, time_limit=0.2))
+    t.start()
+    t.join(30)
+    assert torch.empty.__module__ == "torch"          # the real one, not the grader's lambda

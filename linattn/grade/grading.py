@@ -68,7 +68,8 @@ def _grade(ex: Exercise, fn, seed: int, limit=None) -> Result:
         try:
             problem, err = _grade_case(ex, fn, case, limit)
         except _ReaderError as e:
-            return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}", seed, cases=i)
+            return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}\n   (seed {seed})", seed,
+                          cases=i)
         if problem:
             msg = f"❌ {ex.name} — {where}: {problem}"
             if ex.hint:
@@ -112,15 +113,14 @@ def _grade_case(ex: Exercise, fn, case: Case, limit=None):
 
 
 def _run_reader(fn, args, kwargs, limit):
-    def call():
+    # The patches are set and undone in this thread, around the time limit: a call abandoned
+    # in a worker thread (limits.py) must not leave torch.empty poisoned for the session.
+    try:
         with outputs.poisoned(), _poisoned_empty(), bounds.checked(), warnings.catch_warnings():
             # NaN/inf from the reader's code are judged in the verdict; numpy's warnings about
             # them (the interpreter computes with numpy) would only clutter the notebook
             warnings.simplefilter("ignore", RuntimeWarning)
-            return fn(*args, **kwargs)
-
-    try:
-        return limits.call(call, limit)
+            return limits.call(lambda: fn(*args, **kwargs), limit)
     except KeyboardInterrupt:
         raise  # the reader pressed stop: stop grading too
     except limits.TimeLimitExceeded as e:
