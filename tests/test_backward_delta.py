@@ -175,3 +175,13 @@ def test_steep_and_gentle_sub_chunks_together(C):
     assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
     for n in names(a):
         assert testing.rel_err(got[n], want[n]) <= GRAD_TOL[torch.float32], n
+
+
+def test_no_double_backward():
+    """Second derivatives are refused, not computed wrongly through tensors kept without a graph."""
+    a = testing.to_float64(inputs("kda", "per_dim", B=1, T=5, H=1, K=2, V=2, dtype=torch.float64))
+    q = a["q"].clone().requires_grad_(True)
+    o, _ = chunk.kda(**{**a, "q": q}, chunk_size=4)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        dq.sum().backward()

@@ -6,7 +6,7 @@ from the chunk start, per key dimension) and let Ṽ hold the β-weighted residu
 
     (I + A) Ṽ = diag(β) V − diag(β) (K ⊙ e^G) S,   A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd}  (i > j)
 
-so with T = (I + A)⁻¹ (forward substitution), U = T diag(β) V and W = T diag(β) (K ⊙ e^G), both
+so with T = (I + A)⁻¹ (blocked forward substitution), U = T diag(β) V and W = T diag(β) (K ⊙ e^G), both
 independent of S:  Ṽ = U − W S. Then, per chunk,
 
     O  = scale · ((Q ⊙ e^G) S + tril(A_qk) Ṽ),      (A_qk)_ij = Σ_d q_id k_jd e^{G_id − G_jd}, j ≤ i
@@ -15,10 +15,21 @@ independent of S:  Ṽ = U − W S. Then, per chunk,
 Stability: every exponential above is of a *difference* G_i − G_j with i ≥ j, or G_i − 0, or
 G_C − G_i, all ≤ 0 — decays are measured from the chunk boundary or between two tokens in causal
 order, never as e^{+G}. The factorised form (K ⊙ e^G)(K ⊙ e^{−G})ᵀ would overflow once the
-summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless. The sums
-themselves come from linattn.decay: a segment (j, i] or a tail (i, C] is summed on its own rather
-than as the difference of two prefix sums, whose rounding (≈ 1e-4 at a prefix of −1000 in
-float32) would swamp a short segment.
+summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless. A segment
+(j, i] or a tail (i, C] is summed on its own (or from pieces that are all ≤ 0) rather than as the
+difference of two prefix sums, whose rounding (≈ 1e-4 at a prefix of −1000 in float32) would
+swamp a short segment.
+
+Scores. With one gate per head (or none) the decay leaves the dot product: A_qk = (Q Kᵀ) ⊙ D
+with the C×C causal decay mask D. With one gate per key dimension it cannot, and a pairwise
+[C, C, K] decay tensor would cost K times the scores themselves; `SubChunkGates` splits the chunk
+into sub-chunks of 16 tokens instead (secondary chunking, as the Triton kernels do): blocks below
+the diagonal are matmuls after absorbing the decay relative to the sub-chunk boundary, the
+diagonal 16×16 blocks one bounded matmul each, or column by column where the gates are steep.
+
+Training: with a gradient wanted, the same forward runs inside the autograd.Function of
+linattn.chunk.delta_backward, whose backward is chunkwise too; `recompute` says whether it
+recomputes the chunk states (default) or the forward keeps them.
 
 Any T: the sequence is padded to whole chunks with k = v = q = 0, β = 0, g = 0, tokens whose
 transition is the identity and whose write is zero, and the padded outputs are dropped.

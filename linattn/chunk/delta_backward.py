@@ -24,7 +24,8 @@ incoming gradient of the final state, else zero), and runs in three parts.
 
 Scores and gates. Both score matrices have the form P_ij = Σ_d a_id b_jd e^{G_id − G_jd}; for a
 gradient M = dP, da_i = Σ_j M_ij b_j ⊙ e^{G_i − G_j} and db_j = Σ_i M_ij a_i ⊙ e^{G_i − G_j} — the
-same decayed products as the forward, so every exponential is again of a difference ≤ 0. The
+same decayed products as the forward, computed with the same sub-chunk blocks
+(linattn.chunk.delta.SubChunkGates), so the exponents are those of the forward. The
 gate gradient never needs e^{−G} either: ∂P_ij/∂G_id = a_id (…) and ∂P_ij/∂G_jd = −b_jd (…) give
 dG = a ⊙ da − b ⊙ db, and every factor of the form x ⊙ e^{…} contributes x ⊙ e^{…} ⊙ dx.
 A term that depends on the prefix G_i (Λ_i, the scores) reaches the raw log-gates g_s with s ≤ i,
@@ -33,10 +34,15 @@ reaches g_s with s > i (an exclusive prefix sum) and γ every gate of its chunk.
 +G_C − G_i instead would cancel: in float32 that leaves an error of O(ε) times the terms, large
 against the tiny gate gradients of strong decays. For the same reason the diagonal of Aqk, which
 carries no decay, is left out of dG. A per-head gate sums its gradient over K.
+
+Memory. The forward keeps its inputs, the C×C matrices Aqk, Akk and T ([B, H, N, C, C] each) and
+U, W (the size of v and k): recomputing them would cost most of a forward. The chunk states
+[B, H, N, K, V] are kept only with recompute=False.
 """
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import outputs
 from ..naive.linear import initial
@@ -60,6 +66,7 @@ class DeltaChunkFunction(torch.autograd.Function):
         return o, S
 
     @staticmethod
+    @once_differentiable  # no double backward: it would run through tensors kept without a graph
     def backward(ctx, do, dS_final):
         q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
         grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C)
