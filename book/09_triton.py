@@ -370,14 +370,19 @@ def caption(env):
 
 
 rec = bench.recorded_run("bench.json")
-lin = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"]
-print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
-      f"B·T = {rec['size']['tokens']} tokens; copy bandwidth {rec['anchors']['bandwidth'] / 1e12:.2f} TB/s")
-print(bench.markdown_table(
-    ["T", "B", "ours (auto)", "fused", "states", "chunk (PyTorch)", "FLA", "ours/FLA", "SDPA causal",
-     "floor", "ours/floor"],
-    [[r["T"], r["B"], r["triton"], r["triton:fused"], r["triton:states"], r.get("chunk"), r["fla"],
-      r["ratio_fla"], r["sdpa"], r.get("floor"), r.get("ratio_floor")] for r in lin]))
+NO_RECORD = ("No recorded GPU run next to this notebook: book/data/bench.json comes with a clone of the "
+             "repository, not with the wheel (on Colab, upload it into a folder data/ beside the notebook).")
+lin = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"] if rec else []
+if not lin:
+    print(NO_RECORD)
+else:
+    print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
+          f"B·T = {rec['size']['tokens']} tokens; copy bandwidth {rec['anchors']['bandwidth'] / 1e12:.2f} TB/s")
+    print(bench.markdown_table(
+        ["T", "B", "ours (auto)", "fused", "states", "chunk (PyTorch)", "FLA", "ours/FLA", "SDPA causal",
+         "floor", "ours/floor"],
+        [[r["T"], r["B"], r["triton"], r["triton:fused"], r["triton:states"], r.get("chunk"), r["fla"],
+          r["ratio_fla"], r["sdpa"], r.get("floor"), r.get("ratio_floor")] for r in lin]))
 
 # %%
 def live_modes():
@@ -396,21 +401,22 @@ pick(cpu=lambda: print("CPU: no live timing (see the recorded table above)"), gp
 # recording updates them):
 
 # %%
-first, best = lin[0], min(lin, key=lambda r: r["triton"])
-ahead = [r["T"] for r in lin if r["triton"] <= r["fla"]]
-print(f"* T = {first['T']} (B = {first['B']}): fused {first['triton:fused']:.3f} ms, states "
-      f"{first['triton:states']:.3f} ms, FLA {first['fla']:.3f} ms, the chunk level {first['chunk']:.2f} ms "
-      f"({first['chunk'] / first['triton']:.0f}× the kernel).")
-for r in lin:
-    faster = "fused" if r["triton:fused"] < r["triton:states"] else "states"
-    print(f"* T = {r['T']:5d}: {r['B'] * 16 * 2:4d} fused programs, faster mode {faster:6s} "
-          f"(fused {r['triton:fused']:.3f}, states {r['triton:states']:.3f} ms), ours/FLA {r['ratio_fla']:.2f}, "
-          f"ours/floor {r['ratio_floor']:.1f}")
-print(f"* ours ≤ FLA at T = {', '.join(map(str, ahead)) or 'no length'}; "
-      f"{len(ahead)} of {len(lin)} lengths.")
-print(f"* bf16 output against the float32 chunk level: relative error {first['rel_err_triton']:.1e}.")
-print(f"* SDPA: {lin[0]['sdpa']:.3f} ms at T = {lin[0]['T']}, {lin[-1]['sdpa']:.2f} ms at T = {lin[-1]['T']}; "
-      f"linear attention faster at {sum(r['triton'] < r['sdpa'] for r in lin)} of {len(lin)} lengths.")
+if lin:
+    first, best = lin[0], min(lin, key=lambda r: r["triton"])
+    ahead = [r["T"] for r in lin if r["triton"] <= r["fla"]]
+    print(f"* T = {first['T']} (B = {first['B']}): fused {first['triton:fused']:.3f} ms, states "
+          f"{first['triton:states']:.3f} ms, FLA {first['fla']:.3f} ms, the chunk level {first['chunk']:.2f} ms "
+          f"({first['chunk'] / first['triton']:.0f}× the kernel).")
+    for r in lin:
+        faster = "fused" if r["triton:fused"] < r["triton:states"] else "states"
+        print(f"* T = {r['T']:5d}: {r['B'] * 16 * 2:4d} fused programs, faster mode {faster:6s} "
+              f"(fused {r['triton:fused']:.3f}, states {r['triton:states']:.3f} ms), ours/FLA {r['ratio_fla']:.2f}, "
+              f"ours/floor {r['ratio_floor']:.1f}")
+    print(f"* ours ≤ FLA at T = {', '.join(map(str, ahead)) or 'no length'}; "
+          f"{len(ahead)} of {len(lin)} lengths.")
+    print(f"* bf16 output against the float32 chunk level: relative error {first['rel_err_triton']:.1e}.")
+    print(f"* SDPA: {lin[0]['sdpa']:.3f} ms at T = {lin[0]['T']}, {lin[-1]['sdpa']:.2f} ms at T = {lin[-1]['T']}; "
+          f"linear attention faster at {sum(r['triton'] < r['sdpa'] for r in lin)} of {len(lin)} lengths.")
 
 # %% [markdown]
 # Why the numbers fall as they do:

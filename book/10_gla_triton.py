@@ -317,10 +317,15 @@ def caption(env):
 
 
 rec = bench.recorded_run("bench.json")   # also read by the sections below
-by_op = {op: [r for r in rec["anchors"]["rows"] if r["op"] == op] for op in ("linear_attn", "gla", "simple_gla")}
+NO_RECORD = ("No recorded GPU run next to this notebook: book/data/bench.json comes with a clone of the "
+             "repository, not with the wheel (on Colab, upload it into a folder data/ beside the notebook).")
+by_op = {op: [r for r in (rec["anchors"]["rows"] if rec else []) if r["op"] == op]
+         for op in ("linear_attn", "gla", "simple_gla")}
 
 
 def show_recorded_modes():
+    if not rec:
+        return print(NO_RECORD)
     print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
           f"B·T = {rec['size']['tokens']} tokens, C = 64")
     print(bench.markdown_table(
@@ -351,15 +356,18 @@ def span(xs, fmt="{:.2f}"):
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
-for op, rows_ in by_op.items():
-    wins = ", ".join(f"{r['T']}: {'fused' if r['triton:fused'] < r['triton:states'] else 'states'}" for r in rows_)
-    auto_ok = all(abs(r["triton"] - min(r["triton:fused"], r["triton:states"])) <= 0.05 * r["triton"] for r in rows_)
-    print(f"{op}: faster mode by T — {wins}")
-    print(f"    auto within 5 % of the faster mode at every T: {auto_ok}; auto/FLA {span([r['ratio_fla'] for r in rows_])}"
-          f" (≤ 1 at T = {', '.join(str(r['T']) for r in rows_ if r['ratio_fla'] <= 1) or 'none'});"
-          f" auto/floor {span([r['ratio_floor'] for r in rows_], '{:.1f}')}")
-gla_fla_floor = [r["fla"] / r["floor"] for r in by_op["gla"]]
-print(f"FLA's chunk_gla against the same floor: {span(gla_fla_floor, '{:.1f}')}×")
+if not rec:
+    print(NO_RECORD)
+else:
+    for op, rows_ in by_op.items():
+        wins = ", ".join(f"{r['T']}: {'fused' if r['triton:fused'] < r['triton:states'] else 'states'}" for r in rows_)
+        auto_ok = all(abs(r["triton"] - min(r["triton:fused"], r["triton:states"])) <= 0.05 * r["triton"] for r in rows_)
+        print(f"{op}: faster mode by T — {wins}")
+        print(f"    auto within 5 % of the faster mode at every T: {auto_ok}; auto/FLA {span([r['ratio_fla'] for r in rows_])}"
+              f" (≤ 1 at T = {', '.join(str(r['T']) for r in rows_ if r['ratio_fla'] <= 1) or 'none'});"
+              f" auto/floor {span([r['ratio_floor'] for r in rows_], '{:.1f}')}")
+    gla_fla_floor = [r["fla"] / r["floor"] for r in by_op["gla"]]
+    print(f"FLA's chunk_gla against the same floor: {span(gla_fla_floor, '{:.1f}')}×")
 
 # %% [markdown]
 # Against the model:
@@ -406,6 +414,8 @@ def series_live():
 
 def series_recorded():
     rows = by_op["gla"]
+    if not rows:
+        return [], {}, NO_RECORD
     return ([r["T"] for r in rows], {"GLA (ours, Triton, auto)": [r["triton"] for r in rows],
                                      "FLA chunk_gla": [r["fla"] for r in rows],
                                      "SDPA causal (FlashAttention)": [r["sdpa"] for r in rows]},
@@ -413,19 +423,22 @@ def series_recorded():
 
 
 Tx, series, kind = pick(cpu=series_recorded, gpu=series_live)()
-fig, ax = plt.subplots(figsize=(6, 3.8))
-bench.plot_times(ax, Tx, series, title=f"GLA forward, 32768 tokens, H = 16, K = V = 128, bf16\n{kind}")
-ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
-ax.xaxis.set_minor_locator(plt.NullLocator())
-ys = [0.25, 0.5, 1, 2, 4, 8]                  # plain numbers on the log axis, no 10^x minor labels
-ax.set_yticks(ys, [f"{y:g}" for y in ys])
-ax.yaxis.set_minor_locator(plt.NullLocator())
-ax.set_ylabel("forward time (ms, log scale)")
-fig.tight_layout()
-plt.show()
-print(bench.markdown_table(["T"] + list(series), [[t] + [s[i] for s in series.values()] for i, t in enumerate(Tx)]))
-cross = [t for t, o, a in zip(Tx, list(series.values())[0], list(series.values())[-1]) if o < a]
-print(f"ours faster than causal SDPA at T = {', '.join(map(str, cross)) or 'no length'}")
+if not series:
+    print(kind)
+else:
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    bench.plot_times(ax, Tx, series, title=f"GLA forward, 32768 tokens, H = 16, K = V = 128, bf16\n{kind}")
+    ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    ys = [0.25, 0.5, 1, 2, 4, 8]                  # plain numbers on the log axis, no 10^x minor labels
+    ax.set_yticks(ys, [f"{y:g}" for y in ys])
+    ax.yaxis.set_minor_locator(plt.NullLocator())
+    ax.set_ylabel("forward time (ms, log scale)")
+    fig.tight_layout()
+    plt.show()
+    print(bench.markdown_table(["T"] + list(series), [[t] + [s[i] for s in series.values()] for i, t in enumerate(Tx)]))
+    cross = [t for t, o, a in zip(Tx, list(series.values())[0], list(series.values())[-1]) if o < a]
+    print(f"ours faster than causal SDPA at T = {', '.join(map(str, cross)) or 'no length'}")
 
 # %% [markdown]
 # The shape of the paper's left panel is there: softmax attention's time doubles with $T$ while
@@ -505,7 +518,7 @@ def sweep_live():
 
 
 def sweep_recorded():
-    sw = rec.get("chunks")
+    sw = rec.get("chunks") if rec else None
     if not sw:
         return None, "not recorded"
     env = sw.get("env", rec["env"])

@@ -355,47 +355,53 @@ def caption(env):
 NAMES = {"delta_rule": "delta", "gated_delta_rule": "gdn", "kda": "kda"}
 LABELS = {"delta": "DeltaNet", "gdn": "Gated DeltaNet", "kda": "KDA"}
 rec = bench.recorded_run("bench.json")
+NO_RECORD = ("No recorded GPU run next to this notebook: book/data/ comes with a clone of the repository, "
+             "not with the wheel (on Colab, upload its .json files into a folder data/ beside the notebook).")
 got = {}
-for r in rec["anchors"]["rows"]:
+for r in rec["anchors"]["rows"] if rec else []:
     if r["op"] in NAMES:
         row = got.setdefault(r["T"], {"T": r["T"]})
         row[NAMES[r["op"]]], row[NAMES[r["op"]] + "_fla"] = r["triton"], r["fla"]
         row[NAMES[r["op"]] + "_floor"], row[NAMES[r["op"]] + "_err"] = r.get("floor"), r.get("rel_err_triton")
 rows = sorted(got.values(), key=lambda r: r["T"])
 Ts = [r["T"] for r in rows]
-print("Recorded run:", caption(rec["env"]))
-fig, ax = plt.subplots(figsize=(7, 3.8))
-for op, color in [("delta", "C0"), ("gdn", "C1"), ("kda", "C2")]:
-    ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{LABELS[op]}: linattn")
-    ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{LABELS[op]}: FLA")
-ax.set_xscale("log", base=2)
-ax.set_xticks(Ts, [f"{t // 1024}k" for t in Ts])
-ax.xaxis.set_minor_locator(plt.NullLocator())
-ax.set_xlabel("sequence length T (B = 32768 / T)")
-ax.set_ylabel("forward time (ms)")
-ax.set_ylim(bottom=0)
-ax.set_title(f"bf16, H = 16, K = V = 128 — {caption(rec['env'])}", fontsize=9)
-ax.legend(fontsize=7, ncol=3)
-fig.tight_layout()
-plt.show()
-print("linattn / FLA, ms (ratio):")
-print(" T      " + "  ".join(f"{LABELS[o]:>26s}" for o in LABELS))
-for r in rows:
-    print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:4.2f}×)"
-                                       for o in LABELS))
+if not rows:
+    print(NO_RECORD)
+else:
+    print("Recorded run:", caption(rec["env"]))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for op, color in [("delta", "C0"), ("gdn", "C1"), ("kda", "C2")]:
+        ax.plot(Ts, [r[op] for r in rows], "o-", color=color, label=f"{LABELS[op]}: linattn")
+        ax.plot(Ts, [r[op + "_fla"] for r in rows], "s--", color=color, alpha=0.6, label=f"{LABELS[op]}: FLA")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(Ts, [f"{t // 1024}k" for t in Ts])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set_xlabel("sequence length T (B = 32768 / T)")
+    ax.set_ylabel("forward time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"bf16, H = 16, K = V = 128 — {caption(rec['env'])}", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    plt.show()
+    print("linattn / FLA, ms (ratio):")
+    print(" T      " + "  ".join(f"{LABELS[o]:>26s}" for o in LABELS))
+    for r in rows:
+        print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} / {r[o + '_fla']:5.3f} ms ({r[o] / r[o + '_fla']:4.2f}×)"
+                                           for o in LABELS))
 
 # %% [markdown]
 # The facts, read from the recorded numbers:
 
 # %%
-for o in LABELS:
-    ratio = [r[o] / r[o + "_fla"] for r in rows]
-    floor = [r[o] / r[o + "_floor"] for r in rows if r[o + "_floor"]]
-    errs = [r[o + "_err"] for r in rows if r[o + "_err"] is not None]
-    worst = max(rows, key=lambda r: r[o] / r[o + "_fla"])["T"]
-    print(f"{LABELS[o]:15s} linattn/FLA {min(ratio):.2f}–{max(ratio):.2f}× (widest gap at T = {worst}); "
-          f"{min(floor):.1f}–{max(floor):.1f}× the memory floor; "
-          f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
+if rows:
+    for o in LABELS:
+        ratio = [r[o] / r[o + "_fla"] for r in rows]
+        floor = [r[o] / r[o + "_floor"] for r in rows if r[o + "_floor"]]
+        errs = [r[o + "_err"] for r in rows if r[o + "_err"] is not None]
+        worst = max(rows, key=lambda r: r[o] / r[o + "_fla"])["T"]
+        print(f"{LABELS[o]:15s} linattn/FLA {min(ratio):.2f}–{max(ratio):.2f}× (widest gap at T = {worst}); "
+              f"{min(floor):.1f}–{max(floor):.1f}× the memory floor; "
+              f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
 
 # %% [markdown]
 # Read plainly: **our delta-rule kernels are correct and slower than FLA's**, DeltaNet the least
@@ -424,16 +430,19 @@ for o in LABELS:
 
 # %%
 old = bench.recorded_run("11_kda_triton.json")
-print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
-now = {r["T"]: r for r in rows}
-print("ms, design 1 → design 3 (design 3 / design 1):")
-print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
-for r in old["base"]:
-    if r["T"] in now:
-        print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:4.2f}×)"
-                                           for o in LABELS))
-for st in old.get("stages", []):
-    print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
+if not old:
+    print(NO_RECORD)
+else:
+    print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
+    now = {r["T"]: r for r in rows}
+    print("ms, design 1 → design 3 (design 3 / design 1):")
+    print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
+    for r in old["base"]:
+        if r["T"] in now:
+            print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:4.2f}×)"
+                                               for o in LABELS))
+    for st in old.get("stages", []):
+        print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
 # %% [markdown]
 # For KDA, design 3 is several times faster than design 1, whose one stage-1 kernel
