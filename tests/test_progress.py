@@ -83,3 +83,11 @@ def test_concurrent_writers_lose_no_pass(home):
         assert p.exitcode == 0
     assert set(progress.load()["passed"]) == set(names)
     assert not list(home.glob("*.tmp")) and not list(home.glob("*.damaged-*"))
+
+
+def test_unwritable_home_keeps_the_verdict(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("LINATTN_HOME", str(blocker / "home"))   # a path under a file
+    r = check("ch01.recurrent", naive.linear_attn, seed=1, quiet=True)
+    assert r.passed and "could not be recorded" in r.message
