@@ -26,7 +26,9 @@ Kernels: all four steps (the stage-1/2 recomputation is the forward's own kernel
 allocates, launches, adds the per-K-block partial sums of dβ (and of a per-head dg) and casts.
 Every exponent stays ≤ 0 as in the forward; tiles are float32 under the interpreter, and float32
 inputs natively multiply as three tf32 products (`wy_backward.mm`); intermediates handed between
-the backward's kernels are float32.
+the backward's kernels are float32, except the state gradients, kept in the dtype the forward keeps
+its states in (bf16 inputs: half the backward's largest buffer). Each intermediate is dropped once
+no later step reads it.
 """
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ class _DeltaFunction(torch.autograd.Function):
         dht = dht.to(torch.float32).contiguous() if dht is not None and dht.dim() == 4 else None
         dhs, dvnew, dh0 = dstate_stage(q, wy, do, dht, p)
         grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
+        del wy, hs, vnew, dhs, dvnew                      # step 4 reads none of them
         dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
         dbeta = (db_v + db_k.sum(0)).to(beta.dtype)
         dh0 = dh0.to(ctx.dtypes[0]) if ctx.has_h0 else None
@@ -101,10 +104,11 @@ class _DeltaFunction(torch.autograd.Function):
 # ---------------------------------------------------------------- host side of steps 2 and 3
 
 def dstate_stage(q, wy, do, dht, p):
-    """Step 2: dS entering the next chunk for every chunk [B,H,NT,K,V], dṼ [B,T,H,V] and dS_0
-    [B,H,K,V], all float32."""
+    """Step 2: dS entering the next chunk for every chunk [B,H,NT,K,V] (in the dtype the forward
+    keeps its states in: the largest buffer of the backward), dṼ [B,T,H,V] and dS_0 [B,H,K,V]
+    float32."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
-    dhs = outputs.empty((B, H, p.NT, K, V), dtype=torch.float32, device=p.device)
+    dhs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
     BV = min(block(V), TUNING["bv_state"]) if TUNING["bv_state"] else state_block(V, B * H)
@@ -156,7 +160,7 @@ def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H
     for i in range(NT):
         n = NT - 1 - i
         # the gradient of the state leaving chunk n, for step 3
-        tl.store(dhs + (bh.to(tl.int64) * NT + n) * K * V + offs, dS, mask=ms)
+        tl.store(dhs + (bh.to(tl.int64) * NT + n) * K * V + offs, dS.to(dhs.dtype.element_ty), mask=ms)
         tm = n * C + jc < T
         r0 = (b * T + n * C).to(tl.int64) * H + h
         mk = tm[:, None] & (dk[None, :] < K)
@@ -216,7 +220,7 @@ def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, d
         Ut = tl.load(u + offv, mask=mv, other=0.0).to(tl.float32)
         vt = tl.load(v + offv, mask=mv, other=0.0).to(tl.float32)
         S = tl.load(hs + offs, mask=ms, other=0.0).to(tl.float32)                 # [BK, BV]
-        dS = tl.load(dhs + offs, mask=ms, other=0.0)
+        dS = tl.load(dhs + offs, mask=ms, other=0.0).to(tl.float32)
         dQs += mm(dOt, tl.trans(S), DT, IEEE, X3)                                    # [C, BK]
         dKd += mm(Vt, tl.trans(dS), DT, IEEE, X3)
         dW -= mm(dVt, tl.trans(S), DT, IEEE, X3)
