@@ -75,9 +75,10 @@ def intra_matrix(q, k, sweep, c, mm):
     q, k = _pad(q), _pad(k)                                           # [..., C2, K]
     P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
     P.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vecdot(q, k))    # i = j: decay exp(0) = 1
+    qa, ka = _half_buffers(q)                                         # reused by every level
     for s, qf, kf in sweep:
-        q_abs = _half(q, s, 1) * qf                                   # [..., C2/2s, s, K] rows ≥ m
-        k_abs = _half(k, s, 0) * kf                                   # [..., C2/2s, s, K] columns < m
+        q_abs = torch.mul(_half(q, s, 1), qf, out=qa.unflatten(-2, (-1, s)))  # [.., C2/2s, s, K] rows ≥ m
+        k_abs = torch.mul(_half(k, s, 0), kf, out=ka.unflatten(-2, (-1, s)))  # [.., C2/2s, s, K] cols < m
         _blocks(P, s).copy_(_dot(q_abs, k_abs, mm if s >= c else q.dtype))
     return P[..., :C, :C]
 
@@ -93,13 +94,21 @@ def intra_backward(dP, q, k, sweep):
     P = q.new_zeros(*q.shape[:-1], q.shape[-2])                       # [..., C2, C2]
     P.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)                 # [..., C2, K]
+    qa, ka = _half_buffers(q)                                         # reused by every level
     for s, qf, kf in sweep:
-        q_abs, k_abs = _half(q, s, 1) * qf, _half(k, s, 0) * kf       # [..., C2/2s, s, K]
+        q_abs = torch.mul(_half(q, s, 1), qf, out=qa.unflatten(-2, (-1, s)))  # [.., C2/2s, s, K]
+        k_abs = torch.mul(_half(k, s, 0), kf, out=ka.unflatten(-2, (-1, s)))  # [.., C2/2s, s, K]
         _blocks(P, s).copy_(_dot(q_abs, k_abs, q.dtype))
         dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
         _half(dq, s, 1).addcmul_(qf, dPb @ k_abs)                     # rows ≥ m read keys < m
         _half(dk, s, 0).addcmul_(kf, dPb.transpose(-1, -2) @ q_abs)
     return P[..., :C, :C], dq[..., :C, :], dk[..., :C, :]
+
+
+def _half_buffers(q):
+    """Two buffers [..., C2/2, K] for the absorbed halves: every level has C2/2 rows of each."""
+    shape = (*q.shape[:-2], q.shape[-2] // 2, q.shape[-1])
+    return q.new_empty(shape), q.new_empty(shape)
 
 
 def _half(x, s, which):
