@@ -285,7 +285,8 @@ print("gradients come back in each input's dtype, e.g. dq", got["dq"].dtype, "an
 # * **Short sums for the gate gradient.** The suffix sum of $\partial L/\partial b$ over a whole
 #   sequence adds up $T$ terms that largely cancel (each $q\odot dq$ is nearly offset by a later
 #   $k\odot dk$); summing inside each chunk adds at most $C$ of them, and the chunk's $S$ term carries
-#   the rest exactly. In float32, strong per-head gates:
+#   the rest exactly (restarting the sum at each chunk *without* that term is wrong: the gate of a
+#   token decays everything after it, across chunk borders). In float32, strong per-head gates:
 
 # %%
 print(f"{'T':>5} {'whole-sequence suffix sum':>26} {'per-chunk (chunk.gla)':>22}")
@@ -507,3 +508,5 @@ assert all(x >= 0.9 * s for x, s in zip(held_extra, states))
 #
 # **Workbook:** `exercises/12_backward.py` — the closed-form gate gradient, the reverse-time
 # recurrence, then the chunkwise GLA backward, graded against float64 autograd.
+#
+# **Next:** chapter 13 (`book/13_backward_triton.py`) writes this backward as Triton kernels.
