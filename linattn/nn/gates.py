@@ -18,6 +18,11 @@ from torch import nn
 
 TAU = 16.0
 RANK = 16
+# Bias of the gate at initialisation: log α = logsigmoid(4)/16 ≈ −0.0011 per token, a memory
+# half-life of about 600 tokens. A model starts out remembering (as an ungated layer would) and
+# learns where to forget; with b = 0 the half-life is 16 tokens, and a model that cannot yet
+# retrieve anything gets little gradient telling it to keep its state longer.
+GATE_BIAS = 4.0
 
 
 def log_gate(z, tau: float = TAU):
@@ -36,6 +41,7 @@ class LogGate(nn.Module):
         # Low rank for the per-dimension gate (the paper's W₁W₂); a per-head gate is small already.
         self.proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, out)) \
             if per_dim else nn.Linear(d_model, out)
+        nn.init.constant_(self.proj[-1].bias if per_dim else self.proj.bias, GATE_BIAS)
 
     def forward(self, x):
         z = self.proj(x)                                              # [B, T, H·K] or [B, T, H]
