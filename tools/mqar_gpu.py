@@ -7,6 +7,7 @@ measured for several numbers of pairs. The file holds the device, versions and d
 
     python tools/mqar_gpu.py                          # the default sweep (about 5–8 min on an H200)
     python tools/mqar_gpu.py --steps 300 --dims 64    # a quick look
+    python tools/mqar_gpu.py --dims 64 && python tools/mqar_gpu.py --dims 128 --append   # in two calls
 """
 from __future__ import annotations
 
@@ -38,16 +39,20 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--impl", default="auto", help="level the linear layers train through (auto: Triton on CUDA)")
+    p.add_argument("--append", action="store_true",
+                   help="keep the runs already in --out (split a sweep over several calls)")
     p.add_argument("--out", default=str(ROOT / "book" / "data" / "mqar.json"))
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dims = [int(x) for x in a.dims.split(",")]
     test_pairs = sorted({max(1, a.pairs // 8), a.pairs // 4, a.pairs // 2, a.pairs})
-    runs = []
+    runs = json.loads(Path(a.out).read_text())["runs"] if a.append and Path(a.out).exists() else []
     for d in dims:
         for name in a.models.split(","):
             torch.manual_seed(a.seed)
-            model = mqar.RecallModel(name, a.vocab, d_model=d, n_heads=a.heads, layers=a.layers)
+            model = mqar.RecallModel(name, a.vocab, d_model=d, n_heads=a.heads, layers=a.layers,
+                                     **({} if name == "softmax" else {"impl": a.impl}))
             start = time.perf_counter()
             run = mqar.train(model, n_pairs=a.pairs, vocab=a.vocab, steps=a.steps, batch_size=a.batch,
                              lr=a.lr, seed=a.seed, device=device, name=f"{name} d={d}")

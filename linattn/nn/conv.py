@@ -11,10 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..validate import InputError
+
 
 class ShortConv(nn.Module):
     def __init__(self, channels: int, width: int = 4):
         super().__init__()
+        if not (isinstance(width, int) and width >= 2):
+            raise InputError(f"conv_width must be an int ≥ 2 (or ≤ 1 for no convolution), got {width!r}")
         self.width = width
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, bias=False)
 
