@@ -47,7 +47,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import outputs
-from ..validate import InputError, check_chunk, check_inputs, refuse_grad
+from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 
 MODES = ("auto", "fused", "states")
@@ -489,10 +489,14 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-        sub_chunk_size=16, mode="auto"):
-    """Gated linear attention forward; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc."""
+        sub_chunk_size=16, mode="auto", recompute=True):
+    """Gated linear attention; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc.
+
+    Differentiable: when an input requires grad, the Triton backward of gated_backward.py runs
+    (recompute=True recomputes the chunk states there, False keeps them from the forward)."""
+    from .gated_backward import run        # imports this module: deferred to the call
+
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
-    refuse_grad("linattn.triton.gla", q=q, k=k, v=v, g=g, initial_state=initial_state)
     check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
-    return forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
-                   chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
+    return run(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
+               chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, recompute=recompute)

@@ -45,6 +45,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .. import outputs
 from ..validate import InputError
@@ -567,6 +568,7 @@ class GatedAttention(torch.autograd.Function):
         return o, sT
 
     @staticmethod
+    @once_differentiable   # the kernels are not differentiable: a double backward raises instead of detaching
     def backward(ctx, do, dsT):
         q, k, v, g, s0, sT, h, A, b = ctx.saved_tensors
         d, C, c = ctx.cfg

@@ -6,14 +6,15 @@ Per chunk of C tokens with S the state before it (chapter 09 builds this kernel 
 """
 from __future__ import annotations
 
-from ..validate import check_chunk, check_inputs, refuse_grad
-from .gated import MAX_CHUNK, forward
+from ..validate import check_chunk, check_inputs
+from .gated import MAX_CHUNK
+from .gated_backward import run
 
 
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-                mode="auto"):
+                mode="auto", recompute=True):
+    """Differentiable: the Triton backward of gated_backward.py with no gate (`recompute` as in gla)."""
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
-    refuse_grad("linattn.triton.linear_attn", q=q, k=k, v=v, initial_state=initial_state)
     check_chunk(chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
-    return forward(q, k, v, None, d, initial_state=initial_state, output_final_state=output_final_state,
-                   chunk_size=chunk_size, sub_chunk_size=chunk_size, mode=mode)
+    return run(q, k, v, None, d, initial_state=initial_state, output_final_state=output_final_state,
+               chunk_size=chunk_size, sub_chunk_size=chunk_size, mode=mode, recompute=recompute)
