@@ -122,14 +122,21 @@ def _state_pass(k_abs, vc, gamma, S, mm):
     the state entering each chunk [B, H, N, K, V] and the state after the last chunk.
     """
     kv = _mm(k_abs.transpose(-1, -2), vc, mm)                         # [B, H, N, K, V], all chunks at once
-    for n in range(kv.shape[2]):
-        write = kv[:, :, n].clone()                                   # [B, H, K, V]
-        kv[:, :, n] = S                                               # the buffer now holds S_[n-1]
-        if gamma is None:
-            S = S + write
-        else:
-            S = gamma[:, :, n, :, None] * S + write                   # diag(γ) S: decays row κ by γ_κ
-    return kv, S
+    return kv, scan_(kv, gamma, S)
+
+
+def scan_(buf, gamma, S, reverse=False):
+    """X_[n] = diag(γ_n) X_[n-1] + buf[n] over the chunks (last to first when reverse), from X = S.
+
+    buf [B, H, N, K, V] holds what each chunk adds; it is overwritten, in place, by the X entering
+    each chunk (the state pass: S_[n-1]; the backward's reverse pass: dS_[n]). Returns the last X.
+    """
+    N = buf.shape[2]
+    for n in (reversed(range(N)) if reverse else range(N)):
+        add = buf[:, :, n].clone()                                    # [B, H, K, V]
+        buf[:, :, n] = S
+        S = add + (S if gamma is None else gamma[:, :, n, :, None] * S)  # diag(γ) S: row κ times γ_κ
+    return S
 
 
 def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):

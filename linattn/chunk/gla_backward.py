@@ -38,7 +38,7 @@ import torch
 from .. import decay, outputs
 from ..naive.linear import initial
 from . import gla_tiles
-from .gated import _causal, _state_pass, chunk_decays, forward
+from .gated import _causal, _state_pass, chunk_decays, dense_chunks, forward, scan_
 
 
 class ChunkwiseGated(torch.autograd.Function):
@@ -60,33 +60,34 @@ class ChunkwiseGated(torch.autograd.Function):
 
 
 def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
-    """dq, dk, dv, dg, d initial_state (None where not needed) for the incoming do, dS_final."""
+    """dq, dk, dv, dg, d initial_state (None where not needed) for the incoming do, dS_final.
+
+    Buffers are updated in place where the algebra allows: on the CPU each fresh buffer of a few
+    MB costs page faults comparable to the arithmetic done on it."""
     d, C = plan.d, plan.C
     dev = q.device
-    # decay.chunked may return a strided view in the input's [B, T, H] order; one copy into the
-    # [B, H, N, C, ·] layout makes every matmul below run on dense batches.
-    qc = decay.chunked(q.to(d.acc) * d.scale, C).contiguous()         # [B, H, N, C, K]  Q̂
-    kc = decay.chunked(k.to(d.acc), C).contiguous()                   # [B, H, N, C, K]
-    vc = decay.chunked(v.to(d.acc), C).contiguous()                   # [B, H, N, C, V]
-    gc = None if g is None else decay.chunked(g.to(d.acc), C).contiguous()  # [B, H, N, C] or [.., C, K]
-    doc = (decay.chunked(do.to(d.acc), C).contiguous() if do is not None  # [B, H, N, C, V]
-           else torch.zeros_like(vc))
-    # Intra-chunk tiles first (dP needs nothing else; per-dimension gates then also give the sums
-    # behind Λ, Γ, γ). The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient its
-    # terms cancel exactly (q̂_i dP_ii k_i − k_i dP_ii q̂_i), so they are never added in.
-    dP = (doc @ vc.transpose(-1, -2)) * _causal(C, doc).tril(-1)      # [B, H, N, C, C] i > j
-    dP_ii = (doc * vc).sum(-1, keepdim=True)                          # [B, H, N, C, 1]
+    qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, N, C, K]  Q̂
+    kc = dense_chunks(k, C, d.acc)                                    # [B, H, N, C, K]
+    vc = dense_chunks(v, C, d.acc)                                    # [B, H, N, C, V]
+    gc = None if g is None else dense_chunks(g, C, d.acc)             # [B, H, N, C] or [.., C, K]
+    doc = dense_chunks(do, C, d.acc) if do is not None else torch.zeros_like(vc)  # [B, H, N, C, V]
+    # Intra-chunk tiles first (dP needs nothing else; per-dimension gates then also give Λ, Γ, γ).
+    # The diagonal of dP (i = j, decay 1) is kept apart: in the gate gradient its terms cancel
+    # exactly (q̂_i dP_ii k_i − k_i dP_ii q̂_i), so they are never added in.
+    dP = (doc @ vc.transpose(-1, -2)).tril_(-1)                       # [B, H, N, C, C] i > j
+    dP_ii = torch.linalg.vecdot(doc, vc).unsqueeze(-1)                # [B, H, N, C, 1]
     sweep = None
     if gc is None or gc.dim() == qc.dim() - 1:
         # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
         D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
-        P = (qc @ kc.transpose(-1, -2)) * D                           # [B, H, N, C, C]
-        dPD = dP * D                                                  # [B, H, N, C, C]
-        dq_in, dk_in = dPD @ kc, dPD.transpose(-1, -2) @ qc           # [B, H, N, C, K] each, j < i
+        P = (qc @ kc.transpose(-1, -2)).mul_(D)                       # [B, H, N, C, C]
+        dP.mul_(D)                                                    # [B, H, N, C, C]  dP ⊙ D
+        dq_in, dk_in = dP @ kc, dP.transpose(-1, -2) @ qc             # [B, H, N, C, K] each, j < i
     else:
-        # The forward's tiles (gla_tiles): blocks split at their boundary, exponents ≤ 0.
+        # The forward's tiles (gla_tiles): blocks split at their boundary, factors ≤ 1.
         sweep = gla_tiles.Sweep(gc.exp())
         P, dq_in, dk_in = gla_tiles.intra_backward(dP, qc, kc, sweep)  # [.., C, C], [.., C, K] ×2
+    del dP
     if gc is None:
         lam = Gam = torch.ones((), dtype=d.acc, device=dev)           # no decay
         gam = None
@@ -97,32 +98,32 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
 
     # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
     # exactly as the forward computed them, operand rounding included: both give one gradient.
+    k_abs = kc * Gam                                                  # [B, H, N, C, K]  K ⊙ Γ
     if kept:
         Sin, S_last = kept                                            # [B, H, N, K, V], [B, H, K, V]
     else:
-        S0 = initial(initial_state, d, dev)
-        Sin, S_last = _state_pass(kc * Gam, vc, gam, S0, plan.mm)
+        Sin, S_last = _state_pass(k_abs, vc, gam, initial(initial_state, d, dev), plan.mm)
 
-    # Reverse pass over the chunk states: dS_out[n] is the gradient of the state after chunk n.
-    q_abs = qc * lam                                                  # [B, H, N, C, K]  Q̂ ⊙ Λ
-    from_out = q_abs.transpose(-1, -2) @ doc                          # [B, H, N, K, V]  (Q̂ ⊙ Λ)ᵀ dO
-    dS = (torch.zeros_like(S_last) if dS_final is None else dS_final.to(d.acc))  # [B, H, K, V]
-    dS_out = []
-    for n in reversed(range(qc.shape[2])):
-        dS_out.append(dS)
-        dS = (dS if gam is None else gam[:, :, n, :, None] * dS) + from_out[:, :, n]
-    dS_out = torch.stack(dS_out[::-1], dim=2)                         # [B, H, N, K, V]
-    dS0 = dS                                                          # [B, H, K, V]
+    # Reverse pass over the chunk states: dS_out[n], the gradient of the state after chunk n,
+    # overwrites (Q̂ ⊙ Λ)ᵀ dO in place; what is left at the start is the initial state's gradient.
+    dS_out = (qc * lam).transpose(-1, -2) @ doc                       # [B, H, N, K, V]  (Q̂ ⊙ Λ)ᵀ dO
+    dS = torch.zeros_like(S_last) if dS_final is None else dS_final.to(d.acc)  # [B, H, K, V]
+    dS0 = scan_(dS_out, gam, dS, reverse=True)                        # [B, H, K, V]
 
-    dv = P.transpose(-1, -2) @ doc + (kc * Gam) @ dS_out             # [B, H, N, C, V]
-    read = lam * (doc @ Sin.transpose(-1, -2))                        # [B, H, N, C, K]  from S_[n-1]
-    write = Gam * (vc @ dS_out.transpose(-1, -2))                     # [B, H, N, C, K]  into S_[n]
-    dqc = dq_in + dP_ii * kc + read                                   # [B, H, N, C, K]  dQ̂
-    dkc = dk_in + dP_ii * qc + write                                  # [B, H, N, C, K]
-
-    grads = [_out(dqc * d.scale, q, d.T), _out(dkc, k, d.T), _out(dv, v, d.T), None, None]
+    dv = (P.transpose(-1, -2) @ doc).add_(k_abs @ dS_out)             # [B, H, N, C, V]
+    del P, k_abs
+    read = (doc @ Sin.transpose(-1, -2)).mul_(lam)                    # [B, H, N, C, K]  from S_[n-1]
+    write = (vc @ dS_out.transpose(-1, -2)).mul_(Gam)                 # [B, H, N, C, K]  into S_[n]
+    dq_in.add_(read)                                                  # dQ̂ without dP's diagonal
+    dg = None
     if g is not None and g.requires_grad:
-        grads[3] = _out(gate_gradient(qc, kc, dq_in, dk_in, read, write, Sin, dS_out, gam, gc), g, d.T)
+        dg = gate_gradient(qc, kc, dq_in, dk_in, write, Sin, dS_out, gam, gc)
+    dqc = dq_in.addcmul_(dP_ii, kc).mul_(d.scale)                     # [B, H, N, C, K]  dQ = scale · dQ̂
+    dkc = dk_in.add_(write).addcmul_(dP_ii, qc)                       # [B, H, N, C, K]
+
+    grads = [_out(dqc, q, d.T), _out(dkc, k, d.T), _out(dv, v, d.T), None, None]
+    if dg is not None:
+        grads[3] = _out(dg, g, d.T)
     if initial_state is not None and initial_state.requires_grad:
         dS0_out = outputs.empty(tuple(initial_state.shape), dtype=initial_state.dtype, device=dev)
         dS0_out[:] = dS0
@@ -130,24 +131,27 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     return grads
 
 
-def gate_gradient(qc, kc, dq_in, dk_in, read, write, Sin, dS_out, gam, gc):
+def gate_gradient(qc, kc, dq_read, dk_in, write, Sin, dS_out, gam, gc):
     """dg [B, H, N, C, K] (or [B, H, N, C] per head) from the pieces of dQ̂ and dK, chunk by chunk.
 
+    dq_read = dq̂^{j<t} + read_t (dQ̂ without dP's diagonal), dk_in = dk^{i>t} (the intra part
+    without it), write_t = Γ_t ⊙ (v_t dS_[n]ᵀ) (the part through the state after the chunk).
     The closed form, dg_s = Σ_{t ≥ s} (q̂_t ⊙ dq̂_t − k_t ⊙ dk_t) + Σ_v S_[n] ⊙ dS_[n], is evaluated
     without its cancelling terms: the diagonal of dP is left out of dq̂ and dk (it cancels term by
     term), and since S_[n] = diag(γ) S_[n-1] + Σ_j (k_j ⊙ Γ_j)ᵀ v_j, the state term minus the
     write part of Σ_{t ≥ s} k_t ⊙ dk_t leaves the writes *before* s: an exclusive prefix sum.
-        dg_s = Σ_{t ≥ s} (q̂_t ⊙ (dq̂_t^{j<t} + read_t) − k_t ⊙ dk_t^{i>t})
+        dg_s = Σ_{t ≥ s} (q̂_t ⊙ dq_read_t − k_t ⊙ dk_in_t)
              + Σ_v (diag(γ) S_[n-1] ⊙ dS_[n]) + Σ_{j < s} k_j ⊙ write_j.
     Under strong gates the true gradient is tiny where the raw closed form subtracts O(1) numbers.
     """
-    db = qc * (dq_in + read) - kc * dk_in                            # [B, H, N, C, K]
-    dg = db.flip(-2).cumsum(-2).flip(-2)                              # Σ_{t ≥ s}
-    kw = kc * write                                                   # [B, H, N, C, K]
-    before = torch.cat([torch.zeros_like(kw[..., :1, :]), kw[..., :-1, :]], dim=-2).cumsum(-2)
-    dg = dg + before                                                  # Σ_{j < s}, shifted, not cumsum − kw
-    carried = Sin if gam is None else gam[..., None] * Sin            # [B, H, N, K, V] diag(γ) S_[n-1]
-    dg = dg + (carried * dS_out).sum(-1)[:, :, :, None, :]            # same for every s in the chunk
+    db = (qc * dq_read).addcmul_(kc, dk_in, value=-1)                 # [B, H, N, C, K]
+    dg = db.flip(-2).cumsum_(-2).flip(-2)                             # Σ_{t ≥ s}
+    kw = (kc * write).cumsum_(-2)                                     # [B, H, N, C, K]  Σ_{j ≤ s}
+    dg[..., 1:, :] += kw[..., :-1, :]                                 # Σ_{j < s}: shifted, not cumsum − kw
+    carried = torch.linalg.vecdot(Sin, dS_out)                        # [B, H, N, K]  Σ_v S_[n-1] ⊙ dS_[n]
+    if gam is not None:
+        carried = carried * gam                                       # diag(γ) S_[n-1]
+    dg += carried[:, :, :, None, :]                                   # same for every s in the chunk
     return dg.sum(-1) if gc.dim() == qc.dim() - 1 else dg
 
 
