@@ -246,3 +246,15 @@ def test_forward_peak_memory_gpu(op, gate):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     assert extra <= forward_bytes(op, gate, *shape, torch.bfloat16) + 8 * 2**20, extra / 2**20
+
+
+def test_no_second_derivative():
+    # the backward's kernels build no graph: a gradient of the gradient (here through an incoming
+    # gradient that depends on w) raises instead of silently leaving w without its part through dq
+    a = inputs("delta_rule", None, 1, 20, 1, 16, 16, torch.float32)
+    q = a["q"].clone().requires_grad_(True)
+    w = torch.randn(a["v"].shape, device=DEV, requires_grad=True)
+    o, _ = tri.delta_rule(**{**a, "q": q}, chunk_size=16)
+    (dq,) = torch.autograd.grad((o * w).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 from .. import outputs
@@ -82,6 +83,7 @@ class _DeltaFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
+    @once_differentiable       # the kernels build no graph: a second derivative raises, not 0
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0 = ctx.saved_tensors
         p = ctx.p
