@@ -108,12 +108,7 @@ def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C):
     dO = delta.to_chunks((do if do is not None else torch.zeros_like(v)).to(acc), C) * d.scale
     X = Qg.transpose(-1, -2) @ dO                                     # [B, H, N, K, V]
     Y = Aqk.transpose(-1, -2) @ dO                                    # [B, H, N, C, V]
-    dS = torch.zeros_like(Sin[:, :, 0]) if dS_final is None else dS_final.to(acc)
-    dSout, dVt = torch.empty_like(Sin), torch.empty_like(Vt)
-    for n in reversed(range(Sin.shape[2])):
-        dSout[:, :, n] = dS                                           # [B, H, K, V]
-        dVt[:, :, n] = Y[:, :, n] + Kdec[:, :, n] @ dS                # [B, H, C, V]
-        dS = X[:, :, n] - W[:, :, n].transpose(-1, -2) @ dVt[:, :, n] + last[:, :, n] * dS
+    dSout, dVt, dS = reverse_pass(X, Y, Kdec, W, last, dS_final, Sin)
 
     # 2. per-chunk factor gradients
     St = Sin.transpose(-1, -2)                                        # [B, H, N, V, K]
@@ -146,6 +141,23 @@ def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C):
     return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
             dg, delta.from_chunks(dbeta[..., None], d.T)[..., 0],
             dS if initial_state is not None else None)
+
+
+def reverse_pass(X, Y, Kdec, W, last, dS_final, Sin):
+    """dS' (the gradient of the state leaving each chunk) [B, H, N, K, V], dṼ [B, H, N, C, V] and
+    the gradient of the initial state, chunk by chunk from the last:
+        dṼ = Y + Kdec dS',   dS = X − Wᵀ dṼ + γ dS'   (X = Qgᵀ dO, Y = Aqkᵀ dO, all chunks at once)."""
+    B, H, N = X.shape[:3]
+    X, Y, Kdec, W, last = (x.flatten(0, 1) for x in (X, Y, Kdec, W, last))   # [B·H, N, ...]
+    dS = X.new_zeros(X[:, 0].shape) if dS_final is None else dS_final.to(X.dtype).flatten(0, 1)
+    dSouts, dVts = [], []
+    for n in reversed(range(N)):
+        dSouts.append(dS)                                             # [B·H, K, V]
+        dVt = torch.baddbmm(Y[:, n], Kdec[:, n], dS)                  # [B·H, C, V]
+        dVts.append(dVt)
+        dS = torch.baddbmm(X[:, n], W[:, n].transpose(-1, -2), dVt, alpha=-1).addcmul_(last[:, n], dS)
+    unflat = (lambda xs: torch.stack(xs[::-1], 1).unflatten(0, (B, H)))
+    return unflat(dSouts), unflat(dVts), dS.unflatten(0, (B, H))
 
 
 def gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a, dk_b, dQg, dKl, dKdec, dgam):
