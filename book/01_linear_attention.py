@@ -287,8 +287,9 @@ for label, o in [("identity φ, ÷ q_t z_t", o_identity), ("elu+1 φ, ÷ φ(q_t)
     ax.plot(t_axis, o.norm(dim=-1), label=label, lw=1)
 ax.plot(t_axis, o_sum.norm(dim=-1)[T // 4:].mean() * (t_axis / t_axis[T // 4:].float().mean()).sqrt(),
         "k:", lw=1, label="∝ √t")
-ax.set(yscale="log", xlabel="position t", ylabel="|o_t|", title="size of the output along the sequence")
-ax.legend(fontsize=8, ncol=2)
+ax.set(yscale="log", xlabel="position t", ylabel="|o_t| (log scale)", title="size of the output along the sequence")
+ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))   # beside the curves, not over them
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]

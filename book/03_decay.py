@@ -189,7 +189,7 @@ rel = ((decay.prefix(gr, -1).exp().double() - a64).abs() / a64).clamp_min(1e-9)
 ax.semilogy(rel.cummax(0).values, "k--", label="float32, exp of a prefix sum")
 ax.set(xlabel="t", ylabel="worst relative error of a_s, s ≤ t",
        title="cumulative product of γ = 1 − 2⁻⁷")
-ax.legend()
+ax.legend(loc="lower right", fontsize=8)   # the corner the curves leave empty
 plt.show()
 
 # %% [markdown]

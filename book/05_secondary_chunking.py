@@ -280,6 +280,8 @@ for Cs in (64, 128, 256):
             label=f"whole chunk, C={Cs}, K=V=128")
 ax.axhline(0.875, color="gray", lw=0.5)
 ax.set_xscale("log", base=2)
+ax.set_xticks([1, 2, 4, 8, 16, 32, 64], ["1", "2", "4", "8", "16", "32", "64"])
+ax.xaxis.set_minor_locator(plt.NullLocator())
 ax.set(xlabel="C / c (sub-chunks per chunk)", ylabel="share of multiply-adds on matmul tiles",
        title="secondary chunking: work on tensor cores")
 ax.legend(fontsize=7)

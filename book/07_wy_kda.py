@@ -192,8 +192,10 @@ plt.figure(figsize=(6, 3.2))
 plt.plot(Cs, [c - 1 for c in Cs], "o-", label="forward substitution: C − 1 sequential row steps")
 plt.plot(Cs, counts["Neumann"], "s-", label="Neumann series: C − 2 C×C products")
 plt.plot(Cs, counts["doubling"], "^-", label="doubling: ≈ 2 log₂ C C×C products")
-plt.xscale("log", base=2); plt.yscale("log"); plt.xlabel("chunk size C"); plt.ylabel("steps")
-plt.legend(fontsize=8); plt.show()
+plt.xscale("log", base=2); plt.yscale("log"); plt.xticks(Cs, [str(c) for c in Cs]); plt.minorticks_off()
+plt.xlabel("chunk size C (tokens)"); plt.ylabel("sequential steps (log scale)")
+plt.title("inverting (I + A): steps that must run one after another")
+plt.legend(fontsize=8); plt.tight_layout(); plt.show()
 assert counts["doubling"][-1] <= 2 * math.ceil(math.log2(Cs[-1]))
 
 # %% [markdown]

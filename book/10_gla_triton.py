@@ -46,6 +46,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # recorded GPU run (`book/data/`); on a GPU the same cells run natively and time live.
 
 # %%
+import textwrap
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -532,11 +534,11 @@ if sweep is None:
           "(it writes book/data/bench.json). The cost model above shows the expected shape.")
 else:
     print("Sweep:", kind)
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["C"] for r in sweep], [r["intra"] for r in sweep], "o-", label="intra")
     ax.plot([r["C"] for r in sweep], [r["inter"] for r in sweep], "s-", label="inter")
     chunk_axis(ax, [r["C"] for r in sweep])
-    ax.set(ylabel="time (ms)", title=f"GLA forward, states mode, T = 8192, B = 4\n{kind}")
+    ax.set(ylabel="time (ms)", title="GLA forward, states mode, T = 8192, B = 4\n" + textwrap.fill(kind, 80))
     ax.title.set_fontsize(8)
     ax.set_ylim(bottom=0)
     ax.legend()
