@@ -40,6 +40,9 @@ class Exercise:
     diagnoses: tuple = ()
     # For kernel exercises: the PyTorch code the kernel must match, shown by grade.spec(name).
     spec: Optional[Callable] = None
+    # Kernel exercises: the reader's function and the reference get the case's tensors on the GPU
+    # when there is one (a compiled kernel cannot read CPU memory); truths stay on the CPU.
+    on_gpu: bool = False
 
     @property
     def ground_truth(self) -> Callable:

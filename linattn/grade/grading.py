@@ -90,17 +90,18 @@ class _ReaderError(Exception):
 
 
 def _grade_case(ex: Exercise, fn, case: Case, limit=None):
-    expect = _as_tuple(ex.reference(*case.args, **case.kwargs))
+    dev = "cuda" if ex.on_gpu and torch.cuda.is_available() else None
+    expect = _cpu(_as_tuple(ex.reference(*_on(case.args, dev), **_on(case.kwargs, dev))))
     truth_fn = ex.ground_truth
     truth = _as_tuple(truth_fn(*_to64(case.args), **accepted(truth_fn, testing.to_float64(case.kwargs))))
-    args = tuple(_clone(a) for a in case.args)
-    kwargs = {n: _clone(a) for n, a in case.kwargs.items()}
+    args = _on(case.args, dev)
+    kwargs = _on(case.kwargs, dev)
     got = _run_reader(fn, args, kwargs, limit)
-    changed = _changed_inputs(ex, fn, case, args, kwargs)
+    changed = _changed_inputs(ex, fn, case, _cpu(args), _cpu(kwargs))
     if changed:
         return (f"your function changed its input {changed} in place; the caller's tensors must "
                 "stay as they were (work on a copy, or write into a new output)"), 0.0
-    got = _as_tuple(got)
+    got = _cpu(_as_tuple(got))
     if len(got) != len(expect):
         return (f"returned {len(got)} value(s), expected {len(expect)}"
                 + (f" ({', '.join(ex.outputs)})" if ex.outputs else "")), 0.0
@@ -284,6 +285,23 @@ def _as_tuple(x):
 
 def _clone(a):
     return a.clone() if isinstance(a, torch.Tensor) else a
+
+
+def _on(xs, dev):
+    """Fresh copies of the tensors in a tuple or dict, on `dev` (None: where they are)."""
+    def move(a):
+        return a.to(dev) if dev else a.clone()
+
+    if isinstance(xs, dict):
+        return {n: move(a) if isinstance(a, torch.Tensor) else a for n, a in xs.items()}
+    return tuple(move(a) if isinstance(a, torch.Tensor) else a for a in xs)
+
+
+def _cpu(xs):
+    """The tensors of a tuple or dict on the CPU (outputs of a GPU call, for comparing)."""
+    if isinstance(xs, dict):
+        return {n: a.cpu() if isinstance(a, torch.Tensor) else a for n, a in xs.items()}
+    return tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in xs)
 
 
 def _to64(args):

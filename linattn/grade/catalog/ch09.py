@@ -219,6 +219,7 @@ EXERCISES = [
     Exercise(
         name="ch09.scale_rows",
         chapter=9,
+        on_gpu=True,
         title="A masked tile: load, compute, store 16 rows at a time",
         signature="scale_rows(x, w) -> y   # x [T, D] float32, w [T]; y[t] = w[t] · x[t]",
         reference=scale_rows,
@@ -233,6 +234,7 @@ EXERCISES = [
     Exercise(
         name="ch09.intra_chunk",
         chapter=9,
+        on_gpu=True,
         title="One chunk's (Q Kᵀ ⊙ M) V with tl.dot",
         signature="intra_chunk(q, k, v) -> o   # q, k [N, C, K], v [N, C, V]; one program per chunk",
         reference=intra_chunk,
@@ -248,6 +250,7 @@ EXERCISES = [
     Exercise(
         name="ch09.chunk_state",
         chapter=9,
+        on_gpu=True,
         title="One chunk's state update S + Kᵀ V",
         signature="chunk_state(k, v, S) -> S_new   # k [N,C,K], v [N,C,V], S [N,K,V] float32",
         reference=chunk_state,
@@ -262,6 +265,7 @@ EXERCISES = [
     Exercise(
         name="ch09.linear_attn",
         chapter=9,
+        on_gpu=True,
         title="The chunkwise linear-attention forward kernel",
         signature="linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, "
                   "chunk_size=16) -> (o, final_state)   # q, k [B,T,H,K], v [B,T,H,V]",

@@ -202,6 +202,7 @@ EXERCISES = [
     Exercise(
         name="ch10.offdiag_tiles",
         chapter=10,
+        on_gpu=True,
         title="The absorbed off-diagonal sub-chunk tiles of A",
         signature="offdiag_tiles(q, k, b) -> A   # q, k [N, C, K], b [N, C, K] cumulative log-gates; "
                   "A [N, C, C] float32",
@@ -218,6 +219,7 @@ EXERCISES = [
     Exercise(
         name="ch10.diag_tiles",
         chapter=10,
+        on_gpu=True,
         title="The float32 diagonal sub-chunk tiles of A",
         signature="diag_tiles(q, k, b) -> A   # q, k [N, C, K], b [N, C, K]; A [N, C, C] float32",
         reference=diag_tiles,
@@ -232,6 +234,7 @@ EXERCISES = [
     Exercise(
         name="ch10.gla",
         chapter=10,
+        on_gpu=True,
         title="The GLA forward kernel with secondary chunking",
         signature="gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, "
                   "chunk_size=32, sub_chunk_size=16) -> (o, final_state)   # g [B,T,H,K] or [B,T,H]",

@@ -198,6 +198,7 @@ EXERCISES = [
     Exercise(
         name="ch11.unit_lower_inverse",
         chapter=11,
+        on_gpu=True,
         title="(I + A)⁻¹ of one chunk in a kernel, by forward substitution",
         signature="unit_lower_inverse(A) -> X   # A [N, C, C] strictly lower, float32; X float32",
         reference=unit_lower_inverse,
@@ -213,6 +214,7 @@ EXERCISES = [
     Exercise(
         name="ch11.wy_factors",
         chapter=11,
+        on_gpu=True,
         title="The WY factors U and W of one chunk in a kernel",
         signature="wy_factors(k, v, g, beta) -> (U, W)   # k [N,C,K], v [N,C,V], g [N,C,K] raw "
                   "log-gates, beta [N,C]; U [N,C,V], W [N,C,K] float32",
@@ -229,6 +231,7 @@ EXERCISES = [
     Exercise(
         name="ch11.kda",
         chapter=11,
+        on_gpu=True,
         title="The KDA forward kernel",
         signature="kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, "
                   "chunk_size=16) -> (o, final_state)   # g [B,T,H,K] or [B,T,H], beta [B,T,H]",
