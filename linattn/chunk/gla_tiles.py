@@ -100,8 +100,8 @@ def intra_backward(dP, q, k, sweep):
         k_abs = torch.mul(_half(k, s, 0), kf, out=ka.unflatten(-2, (-1, s)))  # [.., C2/2s, s, K]
         _blocks(P, s).copy_(_dot(q_abs, k_abs, q.dtype))
         dPb = _blocks(dP, s)                                          # [..., C2/2s, s, s]
-        _half(dq, s, 1).addcmul_(qf, dPb @ k_abs)                     # rows ≥ m read keys < m
-        _half(dk, s, 0).addcmul_(kf, dPb.transpose(-1, -2) @ q_abs)
+        _half(dq, s, 1).addcmul_(qf, _tile_mm(dPb, k_abs))            # rows ≥ m read keys < m
+        _half(dk, s, 0).addcmul_(kf, _tile_mm(dPb.transpose(-1, -2), q_abs))
     return P[..., :C, :C], dq[..., :C, :], dk[..., :C, :]
 
 
@@ -124,12 +124,24 @@ def _blocks(P, s):
 
 
 def _dot(a, b, mm):
-    """a bᵀ for [..., s, K] blocks, operands rounded to `mm`; 1 × 1 blocks as a plain reduction."""
+    """a bᵀ for [..., s, K] blocks, operands rounded to `mm`."""
     if mm != a.dtype and a.dtype.itemsize > mm.itemsize:
         a, b = a.to(mm).to(a.dtype), b.to(mm).to(a.dtype)
-    if a.shape[-2] == 1:
-        return (a * b).sum(-1, keepdim=True)                          # [..., 1, 1]
+    if a.shape[-2] <= SMALL:
+        return (a[..., :, None, :] * b[..., None, :, :]).sum(-1)      # [..., s, s]
     return a @ b.transpose(-1, -2)
+
+
+def _tile_mm(A, X):
+    """A X for tiles A [..., s, s] and X [..., s, K]."""
+    if A.shape[-1] <= SMALL:
+        return (A[..., :, :, None] * X[..., None, :, :]).sum(-2)      # [..., s, K]
+    return A @ X
+
+
+# Blocks this small are products and sums, not batched matmuls: thousands of 1 × 1 or 2 × 2
+# matmuls cost far more in per-matrix overhead than their arithmetic.
+SMALL = 2
 
 
 def _pad(x, value=0.0):
