@@ -91,8 +91,8 @@ check("ch09.scale_rows", scale_rows);
 # next_power_of_2(C))` (likewise `BK`, `BV`) and load with `other=0.0` past `C`, `K`, `V`, so the
 # padding adds nothing. Inputs may be bf16: upcast each tile to float32 right after its load
 # (`.to(tl.float32)`; the interpreter's bf16 arithmetic is not reliable), and for float32 tiles
-# ask for exact products, `tl.dot(a, b, input_precision="ieee")` (the GPU default, tf32, is 1000×
-# less accurate). The mask is `tl.where(t[:, None] >= t[None, :], A, 0.0)` with
+# ask for exact products, `tl.dot(a, b, input_precision="ieee")` (the GPU default, tf32, keeps 10
+# mantissa bits of float32's 23). The mask is `tl.where(t[:, None] >= t[None, :], A, 0.0)` with
 # `t = tl.arange(0, BC)`. Store `O.to(o.dtype.element_ty)`.
 
 # %%

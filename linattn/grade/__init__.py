@@ -4,7 +4,10 @@
     check("ch01.recurrent", my_recurrent)      # prints a verdict, returns a Result (.passed)
 
 Passing is recorded under $LINATTN_HOME (default ~/.linattn); `progress_text()` and `dashboard()`
-show it, and `linattn.set_impl(op, "mine")` runs the library through your passed code.
+show it, and `linattn.set_impl(op, "mine")` runs the library through your passed code (PyTorch
+functions, or from chapter 09 on, Triton kernels with their launchers). `spec(name)` prints the
+PyTorch code a kernel exercise must match. Each case has a time limit: `check(..., time_limit=s)`
+or $LINATTN_TIME_LIMIT (seconds; default 60).
 """
 from . import catalog
 from .grading import Result, check
