@@ -614,3 +614,36 @@ def test_passed_gated_kernels_run_the_library(home, name, op, fn):
     assert linattn.which(op).startswith(f"your {name}")
     want, _ = getattr(linattn.naive, op)(**kw)
     assert linattn.testing.rel_err(o, want) < 1e-5
+
+
+def in_place_chunk_state(k, v, S):
+    """Writes S + Kᵀ V into the caller's S and returns it: right values, wrong contract."""
+    N, C, K = k.shape
+    state_kernel[(N,)](k, v, S, S, C, K, v.shape[-1], BC=block(C), BK=block(K),
+                       BV=block(v.shape[-1]), BUG=0)
+    return S
+
+
+@triton.jit
+def endless_kernel(x, y, n):
+    acc = tl.load(x)
+    for i in range(0, n):                      # n = 10**9: hours under the interpreter
+        acc += 1.0
+    tl.store(y, acc)
+
+
+def endless_scale_rows(x, w):
+    y = torch.empty_like(x)
+    endless_kernel[(1,)](x, y, 10 ** 9)
+    return y
+
+
+def test_kernel_writing_into_its_input_is_named():
+    msg = verdict("ch09.chunk_state", in_place_chunk_state).message
+    assert "changed its input `S` in place" in msg
+
+
+@needs_interpreter
+def test_endless_kernel_hits_the_time_limit():
+    r = check("ch09.scale_rows", endless_scale_rows, seed=0, record=False, quiet=True, time_limit=1)
+    assert "did not finish within 1 s" in r.message and "endless_kernel" in r.message
