@@ -121,3 +121,22 @@ def test_gla_gate_is_log_space_with_temperature_16():
     assert abs(g.max().item() + 200 / 16) < 1e-3
     per_head = LogGate(D, H, 8, per_dim=False)
     assert per_head(x).shape == (1, 4, H)
+
+
+@pytest.mark.parametrize("name", ["linear", "gla", "deltanet", "gated_deltanet", "kda"])
+def test_fused_step_path_of_the_layers(name, monkeypatch):
+    """On CUDA a layer's one-token calls go through the fused Triton step; here the same path runs
+    in the interpreter (fused_step forced on) and must match the whole sequence."""
+    layer = make(name)
+    calls = []
+    monkeypatch.setattr(type(layer), "fused_step", lambda self, q, *t: calls.append(1) or True)
+    x = torch.randn(1, 6, D, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), testing.poisoned():
+        y, _ = layer(x)
+        y_pre, state = layer(x[:, :3])
+        ys = [y_pre]
+        for t in range(3, 6):
+            y_t, state = layer(x[:, t:t + 1], state)
+            ys.append(y_t)
+    assert len(calls) == 3
+    assert testing.rel_err(torch.cat(ys, 1), y) <= testing.tolerance(torch.float32)

@@ -86,15 +86,19 @@ class RecurrentLayer(nn.Module):
                              {"initial_state": S0, "output_final_state": True})
 
     def step(self, q, k, v, args, S0):
-        # The fused Triton step has no backward (decoding is inference): use it on CUDA only when
-        # nothing needs a gradient; the naive step is plain torch and trains like the rest.
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, S0, *args))
-        if q.is_cuda and not needs_grad and self.impl in ("auto", "triton"):
+        if self.fused_step(q, k, v, S0, *args):
             from ..triton import step as fused
 
             return getattr(fused, self.op + "_step")(q, k, v, *args, S0)
         return getattr(naive, self.op + "_step")(q, k, v, *args, S0)
+
+    def fused_step(self, q, *tensors) -> bool:
+        """Whether a token goes through the fused Triton step: on CUDA, when nothing needs a
+        gradient (it has no backward: decoding is inference). Otherwise the naive step, which is
+        plain torch and trains like the rest."""
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, *tensors))
+        return q.is_cuda and not needs_grad and self.impl in ("auto", "triton")
 
 
 class LinearAttention(RecurrentLayer):
