@@ -68,9 +68,9 @@ def page_links(kind: str, stem: str, others: dict, cfg: dict) -> str:
     """The line under a page's title: its companion page, its notebook, Colab if configured."""
     parts = []
     if kind == "book" and stem[:2] in others:
-        parts.append(f"**Workbook:** [{others[stem[:2]]}](../exercises/{others[stem[:2]]}.ipynb)")
+        parts.append(f"**Workbook:** [](../exercises/{others[stem[:2]]}.ipynb)")   # MyST fills in its title
     if kind == "exercises" and stem[:2] in others:
-        parts.append(f"**Chapter:** [{others[stem[:2]]}](../book/{others[stem[:2]]}.ipynb)")
+        parts.append(f"**Chapter:** [](../book/{others[stem[:2]]}.ipynb)")
     parts.append(f'<a href="../notebooks/{kind}/{stem}.ipynb" download>Download the notebook</a>')
     url = colab.badge(f"{kind}/{stem}", cfg["colab"])
     parts.append(url if url else "run it on Colab: upload the notebook, then the wheel from `make wheel` "
