@@ -195,7 +195,8 @@ def forward_bytes(op, gate, B, T, H, K, V, C, dtype):
     gated = gate is not None
     a, aqk, ai = R * C * 4, R * C * w, R * C * 4
     W, U, hs = R * K * w, R * V * w, B * H * NT * K * V * w
-    qg = kd = R * K * w if gated else 0
+    kd = R * K * w if gated else 0
+    qg = R * K * w if gate == "per_dim" else 0                  # a per-head e^G is applied in place
     dl = B * H * NT * K * 4 if gated else 0
     o = R * V * torch.tensor([], dtype=dtype).element_size()
     return max(a + aqk + ai,                                    # the inverse: A and 𝒯

@@ -10,8 +10,9 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
 
 Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): three plain kernels for A and
     Aqk, T = (I + A)⁻¹, and W, U plus K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential
-    loop has no exponentials) and scale · Q ⊙ e^G for stage 3. How the decays stay finite with
-    log-gates down to −20 per token is told there.
+    loop has no exponentials) and, for per-dimension gates, scale · Q ⊙ e^G for stage 3 (a
+    per-head gate's e^G is one number per token, applied by stage 3 itself). How the decays stay
+    finite with log-gates down to −20 per token is told there.
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
@@ -157,12 +158,15 @@ def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = 
     return hs, vnew, ht
 
 
-def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype):
-    """Stage 3, one program per (V-block, chunk, head): O = scale (Q ⊙ e^G) S + Aqk Ṽ."""
+def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype, g=None):
+    """Stage 3, one program per (V-block, chunk, head): O = scale (Q ⊙ e^G) S + Aqk Ṽ.
+    g: the per-head log-gates [B,T,H] (Gated DeltaNet; read here, see `wu_stage`)."""
+    if p.gate == 1 and g is None:
+        raise InputError("g: output_stage of Gated DeltaNet needs the per-head log-gates")
     o = outputs.empty((p.B, p.T, p.H, p.V), dtype=out_dtype, device=p.device)
     BV = min(block(p.V), TUNING["bv_out"])
     _output_kernel[(triton.cdiv(p.V, BV), p.NT, p.B * p.H)](
-        wy["qg"] if p.gate else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
+        wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
         H=p.H, K=p.K, V=p.V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         num_warps=TUNING["warps_out"])
     return o
@@ -173,7 +177,7 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
     q, k, v, g, beta = contiguous(q, k, v, g, beta)
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
     wy, hs, vnew, ht = factors_and_states(q, k, v, g, beta, h0, p, output_final_state, keep=False)
-    return output_stage(q, wy, hs, vnew, p, v.dtype), ht
+    return output_stage(q, wy, hs, vnew, p, v.dtype, g), ht
 
 
 def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, keep: bool):
@@ -242,7 +246,7 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
 
 
 @triton.jit
-def _output_kernel(q, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
+def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     iv, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -256,10 +260,13 @@ def _output_kernel(q, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
     dv = iv * BV + tl.arange(0, BV)
     mk = tm[:, None] & (dk[None, :] < K)
     mv = tm[:, None] & (dv[None, :] < V)
-    # q is scale · Q ⊙ e^G from stage 1 with gates, the plain queries without
+    # q is scale · Q ⊙ e^G from stage 1 with per-dimension gates, the plain queries else
     qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
     if GATE == 0:
         qt = qt * scale
+    if GATE == 1:   # one decay per token: e^{G_i} ≤ 1 from the chunk's own prefix sum
+        G1 = tl.cumsum(tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
+        qt = qt * (tl.exp(G1) * scale)[:, None]
     hn = hs + (bh.to(tl.int64) * NT + n) * K * V
     S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),
                 other=0.0)                                                        # [BK, BV]

@@ -9,7 +9,7 @@ Kd = K ⊙ e^{G_C − G}, dl = e^{G_C}, and
 Backward, given dO and the gradient of the final state (0 unless output_final_state is used):
 
 1. Recompute (recompute=True, the default, as in the GLA paper) or reuse (recompute=False: the
-   forward keeps them) stage 1 (A, Aqk, 𝒯, W, U, Kd, dl, Qs) and stage 2 (S_n, Ṽ).
+   forward keeps them) stage 1 (A, Aqk, 𝒯, W, U, Kd, dl, and Qs for per-dimension gates) and stage 2 (S_n, Ṽ).
 2. `_dstate_kernel`, the one sequential pass, one program per (V-block, head), chunks in reverse:
        dṼ = Aqkᵀ dO + Kd dS_{n+1},      dS_n = dl ⊙ dS_{n+1} + Qsᵀ dO − Wᵀ dṼ;
    it stores dS_{n+1} and dṼ of every chunk, and dS_0 (the initial state's gradient).
@@ -72,7 +72,7 @@ class _DeltaFunction(torch.autograd.Function):
         # backward reads 𝒯, W, U, the decays, Aqk, (Qs), the states and Ṽ
         wy, hs, vnew, ht = factors_and_states(q, k, v, g, beta, h0, p, output_final_state,
                                               keep=not recompute)
-        o = output_stage(q, wy, hs, vnew, p, v.dtype)
+        o = output_stage(q, wy, hs, vnew, p, v.dtype, g)
         ctx.p, ctx.recompute, ctx.has_h0 = p, recompute, h0 is not None
         ctx.dtypes = (None if h0_in is None else h0_in.dtype,)
         ctx.keep = None if recompute else dict(wy, hs=hs, vnew=vnew)
@@ -94,7 +94,7 @@ class _DeltaFunction(torch.autograd.Function):
             ctx.keep = None                               # freed as soon as the backward ends
         do = do.contiguous()
         dht = dht.to(torch.float32).contiguous() if dht is not None and dht.dim() == 4 else None
-        dhs, dvnew, dh0 = dstate_stage(q, wy, do, dht, p)
+        dhs, dvnew, dh0 = dstate_stage(q, g, wy, do, dht, p)
         grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
         del wy, hs, vnew, dhs, dvnew                      # step 4 reads none of them
         dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
@@ -105,7 +105,7 @@ class _DeltaFunction(torch.autograd.Function):
 
 # ---------------------------------------------------------------- host side of steps 2 and 3
 
-def dstate_stage(q, wy, do, dht, p):
+def dstate_stage(q, g, wy, do, dht, p):
     """Step 2: dS entering the next chunk for every chunk [B,H,NT,K,V] (in the dtype the forward
     keeps its states in: the largest buffer of the backward), dṼ [B,T,H,V] and dS_0 [B,H,K,V]
     float32."""
@@ -115,7 +115,7 @@ def dstate_stage(q, wy, do, dht, p):
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
     BV = min(block(V), TUNING["bv_state"]) if TUNING["bv_state"] else state_block(V, B * H)
     _dstate_kernel[(triton.cdiv(V, BV), B * H)](
-        wy["qg"] if p.gate else q, wy["kd"], wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
+        wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"], wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
@@ -144,7 +144,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
 # ---------------------------------------------------------------- kernels
 
 @triton.jit
-def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
+def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                    X3: tl.constexpr, HAS_DHT: tl.constexpr):
@@ -176,6 +176,9 @@ def _dstate_kernel(qs, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H
         qt = tl.load(qs + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Qs
         if GATE == 0:
             qt = qt * scale
+        if GATE == 1:   # as the output stage: e^G of a per-head gate from its prefix sum
+            G1 = tl.cumsum(tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32), axis=0)
+            qt = qt * (tl.exp(G1) * scale)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
         dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)

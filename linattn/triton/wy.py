@@ -14,7 +14,8 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
    memory — forward substitution on each diagonal block with its rows loaded by pointer, then
    𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the blocks below, one row of blocks after another.
 3. `_wu_kernel`, one program per (chunk, head, part): W, one V-block of U, or what stages 2 and 3
-   need (K ⊙ e^{G_C − G}, e^{G_C}, scale · Q ⊙ e^G): tiled matmuls and elementwise decays.
+   need (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G): tiled matmuls
+   and elementwise decays.
 
 Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32.
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
@@ -65,17 +66,19 @@ def inverse_stage(a, p):
 
 
 def wu_stage(q, k, v, g, beta, ai, p) -> dict:
-    """W [B,T,H,K], U [B,T,H,V]; with gates also qg = scale · Q ⊙ e^G, kd = K ⊙ e^{G_C − G}
-    [B,T,H,K] and dl = e^{G_C} [B,H,NT,K] float32 (without gates: qg, dl None and kd is k)."""
+    """W [B,T,H,K], U [B,T,H,V]; with gates also kd = K ⊙ e^{G_C − G} [B,T,H,K] and
+    dl = e^{G_C} [B,H,NT,K] float32, with per-dimension gates qg = scale · Q ⊙ e^G [B,T,H,K]
+    (without gates qg, dl are None and kd is k). A per-head gate's e^G is one number per token:
+    the output stage multiplies by it itself rather than read a [B,T,H,K] copy of Q."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
     u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
-    qg = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else None
+    qg = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate == 2 else None
     kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
     dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     BV = min(block(V), 64)
     _wu_kernel[(p.NT, B * H, (2 if p.gate else 1) + triton.cdiv(V, BV))](
-        q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate else w, kd,
+        q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate == 2 else w, kd,
         dl if p.gate else w, p.scale, T, p.NT, H,
         K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         num_warps=TUNING["warps_wu"])
@@ -321,7 +324,8 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
 @triton.jit
 def _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K: tl.constexpr, C: tl.constexpr,
             BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    """W = 𝒯 (β K ⊙ e^G); with gates also scale · Q ⊙ e^G (e^G ≤ 1: G from the chunk start)."""
+    """W = 𝒯 (β K ⊙ e^G); with per-dimension gates also scale · Q ⊙ e^G (e^G ≤ 1: G from the
+    chunk start)."""
     tm = t < T
     dk = tl.arange(0, BK)
     jc = tl.arange(0, C)
@@ -334,8 +338,10 @@ def _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K: tl.constexpr, C: tl.
         else:
             eg = tl.exp(tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0))[:, None]
         kb = kb * eg
-        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
-        tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty), mask=mk)
+        if GATE == 2:
+            qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+            tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty),
+                     mask=mk)
     Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
     Wt = dot(Ti, kb.to(DT), IEEE)                                                 # [C, BK]
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
