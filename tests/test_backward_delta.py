@@ -185,3 +185,17 @@ def test_no_double_backward():
     (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|twice"):
         dq.sum().backward()
+
+
+def test_gates_without_grad():
+    """Fixed gates (no grad wanted for g): the other gradients are unchanged and g gets none."""
+    a = inputs("kda", "per_dim", B=1, T=20, H=1, K=4, V=4, dtype=torch.float64, seed=8)
+    dO, dS = upstream(a)
+    full, _ = grads(chunk.kda, a, dO, dS, chunk_size=8)
+    leaves = {n: a[n].clone().requires_grad_(n != "g") for n in names(a)}
+    o, S = chunk.kda(**leaves, output_final_state=True, chunk_size=8)
+    ((o * dO).sum() + (S * dS).sum()).backward()
+    assert leaves["g"].grad is None
+    for n in names(a):
+        if n != "g":
+            assert testing.rel_err(leaves[n].grad, full[n]) < 1e-12, n

@@ -69,7 +69,8 @@ class DeltaChunkFunction(torch.autograd.Function):
     @once_differentiable  # no double backward: it would run through tensors kept without a graph
     def backward(ctx, do, dS_final):
         q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
-        grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C)
+        grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C,
+                               gate_grad_wanted=ctx.needs_input_grad[3])
         dq, dk, dv, dg, dbeta, dS0 = (
             None if x is None else _as_grad(x, ref)
             for x, ref in zip(grads, (q, k, v, g, beta, initial_state)))
@@ -83,7 +84,8 @@ def _as_grad(x, like):
     return out
 
 
-def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C):
+def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C,
+                   gate_grad_wanted=True):
     """Gradients (dq, dk, dv, dg or None, dβ, dS₀ or None) in d.acc; see the module docstring.
 
     kept: Aqk, Akk, T [B, H, N, C, C], U, W and the entering states (None: recompute them) as the
@@ -136,8 +138,10 @@ def chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, d, C):
     dq = (dq_s + diag * kc).add_(delta.decayed(dQg, Lam))
     dk = (dk_s + diag * qc).add_(dk_a).add_(dk_b).add_(delta.decayed(dKl, Lam))
     dk.add_(delta.decayed(dKdec, Gam))
-    dg = None if g is None else gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a,
-                                          dk_b, dQg, dKl, dKdec, (dSout * Sin).sum(-1))
+    dg = None
+    if g is not None and gate_grad_wanted:
+        dg = gate_grad(g, d, qc, kc, Qg, Kl, Kdec, gam, dq_s, dk_s, dk_a, dk_b, dQg, dKl, dKdec,
+                       (dSout * Sin).sum(-1))
     return (delta.from_chunks(dq, d.T), delta.from_chunks(dk, d.T), delta.from_chunks(dv, d.T),
             dg, delta.from_chunks(dbeta[..., None], d.T)[..., 0],
             dS if initial_state is not None else None)
