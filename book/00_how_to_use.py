@@ -58,11 +58,19 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # make test    # the test suite: library, graders, and all chapters/workbooks run as tests
 # ```
 #
-# To read and edit interactively, `make lab` opens the book in JupyterLab (right-click a `.py`
-# chapter → *Open With → Notebook*; jupytext is what makes a `.py` chapter open as a notebook).
-# On **Colab**, upload a chapter's notebook (after `make book`, from `_build/book/`) and run its
-# first cell: it installs the library with `pip` when — and only when — it runs on Colab. Colab
-# offers GPU runtimes: there the chapters run at full size with native Triton kernels.
+# More ways to read it:
+#
+# * `make lab` opens the book in JupyterLab; a double click on a `.py` chapter opens it as a
+#   notebook (jupytext reads and writes the `.py` file: no `.ipynb` appears beside it).
+# * `make site` (after `make book`) builds the executed book as a website in
+#   `_build/site/_build/html/`: chapters and workbooks in order, math, figures, the recorded GPU
+#   tables, and a link from every chapter to its workbook and its notebook.
+# * On **Colab**, upload a chapter's notebook (from `_build/book/`, or the site's "Download the
+#   notebook") and run its first cell: on Colab — and only there — it installs the library. Until
+#   the book has a public package, it asks you to upload the library's wheel, which `make wheel`
+#   builds as `dist/linattn-*.whl`. Colab offers GPU runtimes: there the chapters run at full
+#   size with native Triton kernels. (The recorded GPU tables of chapters 09–11 read
+#   `book/data/`; upload those files into a folder `data/` beside the notebook to see them.)
 
 # %%
 import os
