@@ -180,8 +180,8 @@ class SubChunkGates:
         e^{G_i − G_j} = e^{G_i − G_p} · e^{G_p − G_j},
     the first a prefix inside I, the second the rest of J after j plus the whole sub-chunks in
     between — both sums of log-gates ≤ 0, so the block is a plain matmul of decayed a and b.
-    Inside a diagonal block both tokens share a sub-chunk: with x_i the log-decay from the
-    sub-chunk's first token to i, e^{G_i − G_j} = e^{x_i} e^{−x_j}, a matmul whose second factor
+    Inside a diagonal block both tokens share a sub-chunk: with s_i ≤ 0 the log-decay from just
+    after i to the sub-chunk's end, e^{G_i − G_j} = e^{−s_i} e^{s_j}, a matmul whose first factor
     is ≥ 1 but at most e^{DIAG_DOT_RANGE}. Sub-chunks whose gates decay more than that (strong
     gates) are done column by column with each segment summed on its own, all exponents ≤ 0.
     """
