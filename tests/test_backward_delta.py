@@ -47,7 +47,7 @@ def upstream(a, seed=0):
 @pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "keep"])
 def test_gradcheck(op, gate, recompute):
-    """T = 7 over chunks of 3 (a partial last chunk), initial state, final-state gradient, β up to 1.9."""
+    """T = 7 in chunks of 3 (partial last chunk), initial state, final-state gradient, β ≤ 1.9."""
     a = testing.to_float64(inputs(op, gate, B=1, T=7, H=2, K=3, V=2, dtype=torch.float64,
                                   beta_max=1.9, seed=11))
     fn = getattr(chunk, op)
@@ -96,14 +96,15 @@ def test_gradients_match_float64_naive(op, gate, strength, B, T, H, K, V, C, dty
     a = inputs(op, gate, B=B, T=T, H=H, K=K, V=V, dtype=dtype, strength=strength, beta_max=2.0,
                seed=T + K)
     dO, dS = upstream(a, seed=T)
-    with testing.poisoned():                                           # outputs and gradients NaN-filled
+    with testing.poisoned():                           # outputs and gradient buffers NaN-filled
         got, o = grads(getattr(chunk, op), a, dO, dS, chunk_size=C)
     want, o_ref = grads(getattr(naive, op), testing.to_float64(a), dO, dS)
     assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
     for n in names(a):
         assert got[n].dtype == a[n].dtype and got[n].shape == a[n].shape, n
         err = testing.rel_err(got[n], want[n])
-        assert err <= GRAD_TOL[dtype], f"d{n}: rel err {err:.2e} at {testing.worst_position(got[n], want[n])}"
+        where = testing.worst_position(got[n], want[n])
+        assert err <= GRAD_TOL[dtype], f"d{n}: rel err {err:.2e}, worst at {where}"
 
 
 @pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
@@ -118,7 +119,8 @@ def test_recompute_and_kept_states_agree(op, gate):
 
 def test_strong_gates_stay_finite_in_long_chunks():
     """−20 per token is −1280 over a chunk of 64: e^{−G} alone would overflow float32."""
-    a = inputs("kda", "per_dim", B=1, T=150, H=1, K=16, V=8, dtype=torch.float32, beta_max=2.0, seed=5)
+    a = inputs("kda", "per_dim", B=1, T=150, H=1, K=16, V=8, dtype=torch.float32, beta_max=2.0,
+               seed=5)
     a["g"] = torch.full_like(a["g"], -20.0)
     dO, dS = upstream(a)
     got, _ = grads(chunk.kda, a, dO, dS, chunk_size=64)

@@ -207,7 +207,8 @@ class SubChunkGates:
     def decays(self):
         """Λ = e^{G_i}, Γ = e^{G_C − G_i} [.., C, K] and γ = e^{G_C} [.., K] from the sub-chunk sums:
         the whole sub-chunks before / after a token's own are added as sums ≤ 0."""
-        before = torch.cat([torch.zeros_like(self.tot[..., :1, :]), self.tot[..., :-1, :].cumsum(-2)], -2)
+        before = torch.cat([torch.zeros_like(self.tot[..., :1, :]),
+                            self.tot[..., :-1, :].cumsum(-2)], -2)   # [.., ns, K]
         after = decay.suffix(self.tot)                                 # [.., ns, K]
         Lam = (self.into * before.exp()[..., None, :]).flatten(-3, -2)  # [.., C, K]
         Gam = (self.esuf * after.exp()[..., None, :]).flatten(-3, -2)
@@ -296,8 +297,8 @@ def unit_lower_inverse(A, block=SUB):
 
     Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too.
     The diagonal blocks of `block` rows are inverted that way, row by row; then, block row after
-    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once (two matmuls per block
-    row). Out of place (rows are collected and concatenated), so autograd can differentiate it.
+    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once (i + 1 matmuls for
+    block row i). Out of place (rows are collected and concatenated), so autograd can differentiate it.
     """
     C = A.shape[-1]
     nb = -(-C // block)
