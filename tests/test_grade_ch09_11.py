@@ -654,5 +654,7 @@ def test_endless_kernel_hits_the_time_limit():
 def test_library_kernels_pass_the_bounds_check(name, op):
     """No false alarms: the library's own kernels, called as the reader's code (so every load and
     store is bounds-checked), pass. (The GLA kernel's masks arrive as int32 arrays.)"""
+    import linattn.triton
+
     lib = getattr(linattn.triton, op)
     assert verdict(name, lambda *a, **kw: lib(*a, **kw), seed=7).passed
