@@ -187,3 +187,21 @@ def test_halving_tiles_match_float64(C, c, strength):
     assert testing.rel_err(P2, truth) <= testing.tolerance(torch.float32)
     assert testing.rel_err(dq, q64.grad) <= GRAD_TOLERANCE[torch.float32]
     assert testing.rel_err(dk, k64.grad) <= GRAD_TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("gate", ["per_head", "per_dim"])
+def test_only_the_final_state_is_used(gate):
+    """No gradient reaches the output (autograd passes None for it): the reverse pass starts from the
+    final-state gradient alone."""
+    args = testing.make_inputs("gla", B=1, T=40, H=2, K=8, V=4, gate=gate, initial_state=True, seed=4)
+    names = differentiable("gla", args)
+    got_args = {n: a.clone().requires_grad_(True) for n, a in args.items()}
+    ref_args = {n: a.double().requires_grad_(True) for n, a in args.items()}
+    with testing.poisoned():
+        _, S = chunk.gla(**got_args, output_final_state=True, chunk_size=16, sub_chunk_size=4)
+        (S ** 2).sum().backward()
+    _, S_ref = naive.gla(**ref_args, output_final_state=True)
+    (S_ref ** 2).sum().backward()
+    assert ref_args["q"].grad is None and not got_args["q"].grad.any()   # q never reaches S
+    for n in names[1:]:
+        assert testing.rel_err(got_args[n].grad, ref_args[n].grad) <= GRAD_TOLERANCE[torch.float32], n
