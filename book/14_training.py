@@ -219,9 +219,9 @@ print("targets:", [t if t != mqar.IGNORE else "·" for t in targets[0].tolist()]
 # states, $n_{\max} = 12$ pairs and a vocabulary of 64 — small enough to train each model in
 # well under a minute of one CPU thread, and more pairs than a head has key dimensions, so a
 # recurrent state cannot hold them all apart. On a GPU the chapter
-# trains two-layer models of width 64 on 32 pairs. Gated DeltaNet is trained on a GPU only (on
-# a CPU it would add another minute and behaves between DeltaNet and KDA); the recorded GPU
-# run below has it.
+# trains two-layer models of width 64 on 32 pairs. Gated DeltaNet is trained on a GPU only: on a
+# CPU it would add about half a minute of processor time (trained at the CPU size in the same
+# budget, it recalled less than DeltaNet and more than KDA); the recorded GPU run below has it.
 
 # %%
 CFG = dict(
