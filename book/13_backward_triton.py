@@ -56,6 +56,7 @@ from linattn import bench, chunk, naive, testing
 from linattn import triton as lt
 from linattn.device import pick
 from linattn.triton import gated, gated_backward
+from linattn.validate import check_inputs
 
 print(linattn.device.describe())
 DEV = linattn.device.default_device()
@@ -362,7 +363,7 @@ def stages_live(T_=8192):
     for op, gate in (("linear_attn", None), ("simple_gla", "per_head"), ("gla", "per_dim")):
         a3 = bench.anchor_inputs(op, T_)
         q, k, v, g = a3["q"], a3["k"], a3["v"], a3.get("g")
-        d = linattn.validate.check_inputs(q, k, v, g=g, gate=g is not None)
+        d = check_inputs(q, k, v, g=g, gate=g is not None)
         run = lambda timer=None: gated_backward.backward(torch.ones_like(v), None, q, k, v, g, None, None, d,
                                                          chunk_size=64, sub_chunk_size=16, timer=timer)
         run()                                                             # compile
