@@ -204,3 +204,25 @@ def test_kernels_write_every_gradient_entry():
                                       torch.zeros(B, H, K, V, device=DEV), d, chunk_size=C, sub_chunk_size=c)
     for x in out:
         assert torch.isfinite(x).all()
+
+
+def test_train_benchmark_runs_at_toy_size(tmp_path):
+    # tools/bench.py --suite train on the CPU (interpreter): rows, memory, the gradient check and the
+    # backward stages come out; FLA is absent here and says so (the GPU run is the lead's)
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench_tool", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    size = dict(tokens=32, H=1, K=16, V=16, device=DEV)
+    res = tool.suite_train([32], lambda msg: None, size, only=["linear_attn"])
+    (row,) = res["rows"]
+    assert row["triton"] > 0 and row["triton:keep"] > 0 and row["sdpa"] > 0 and row["mem_triton"] > 0
+    assert row["rel_err_grad"] < 2e-2                      # bf16 gradients against the chunk level
+    assert set(res["stages"]["linear_attn"]["ms"]) >= {"reverse pass dS", "dA", "intra dq, dk", "dv", "dq, dk"}
+    assert "fla" in row or "error_fla" in row
+    md = tool.markdown({"env": {"device": "x", "date": "x", "torch": "x", "triton": "x", "fla": None},
+                        "size": {n: x for n, x in size.items() if n != "device"}, "train": res})
+    assert "Forward + backward" in md and "Backward stages of linear_attn" in md
