@@ -38,7 +38,7 @@ from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 from .. import outputs
-from .common import block, contiguous
+from .common import block, contiguous, launch
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
 
@@ -46,7 +46,9 @@ from .wy_backward import gate_stage, mm, precise
 # long sequence with few heads still gives every SM a program) and of the per-chunk reductions.
 # 8 warps: compiled for sm_90 on a CPU (bf16, K = V = 128, C = 64), the spill stack of the reverse
 # pass falls from 0.9–1.5 KB to 0.3 KB and that of the per-chunk kernel from 3.2 KB to 0.6–1.0 KB
-# against 4 warps; not yet timed on a GPU.
+# against 4 warps; not yet timed on a GPU. Launched through `common.launch` (the most pipeline
+# stages that fit): in float32 the reverse pass's tiles at BV = 64 need 353 KB of shared memory
+# with Triton's default stages, over an H200's 227 KB.
 TUNING = dict(bv_state=None, bv_chunk=32, warps_state=8, warps_chunk=8)
 
 
@@ -114,8 +116,9 @@ def dstate_stage(q, g, wy, do, dht, p):
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
     BV = min(block(V), TUNING["bv_state"]) if TUNING["bv_state"] else state_block(V, B * H)
-    _dstate_kernel[(triton.cdiv(V, BV), B * H)](
-        wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"], wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
+    launch(_dstate_kernel, (triton.cdiv(V, BV), B * H),
+        wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
+        wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
@@ -133,7 +136,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
     BV = min(block(V), TUNING["bv_chunk"])
-    _dchunk_kernel[(p.NT, B * H)](
+    launch(_dchunk_kernel, (p.NT, B * H),
         v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, interpreting
+from .common import dot, interpreting, launch
 
 def precise(p) -> bool:
     """float32 tiles natively: tf32x3 products (see `mm`)."""
@@ -73,7 +73,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         dg = outputs.empty((NK, B, T, H), dtype=torch.float32, device=p.device)  # summed below
     else:
         dg = db                                                                 # not written
-    _gate_kernel[(NK, p.NT, B * H)](
+    launch(_gate_kernel, (NK, p.NT, B * H),
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
