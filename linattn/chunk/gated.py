@@ -10,12 +10,16 @@ diagonal are matmuls after absorbing the decay relative to the query sub-chunk's
 exponents ≤ 0); the diagonal tiles are computed in float32 log space (`intra_chunk_matrix`, the
 two-level form). The forward itself uses `gla_tiles.intra_matrix`, which applies the same split
 again inside the diagonal tiles, down to single tokens: the same numbers from matmuls only,
-without a [c, c, K] tensor of exponentials per sub-chunk. For per-head (scalar) gates
+without a [c, c, K] tensor of exponentials per sub-chunk (on a CPU that tensor made the
+per-dimension forward slower than the token loop), and blocks smaller than c stay in float32,
+as the diagonal tiles do. For per-head (scalar) gates
 the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal decay mask D, and no
 secondary chunking is needed (sub_chunk_size is then validated but unused).
 
 `inter_dtype` is the dtype the matmul operands are rounded to (the tensor-core tiles: Q̃K̃ᵀ, P V,
 Q̃ S, K̃ᵀ V); products are accumulated in float32, as tensor cores do. None → the input dtype.
+The backward (`gla_backward`) reads the forward's chunk states, rounding included, and otherwise
+computes in float32 (float64 for float64 inputs) without rounding operands.
 """
 from __future__ import annotations
 
@@ -35,8 +39,8 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
 
     With grad enabled and an input that requires it, the hand-written chunkwise backward of
     `linattn.chunk.gla_backward` runs (recompute=True: it recomputes the chunk states, as the GLA
-    paper does; False: the forward keeps them, more memory and less work). Otherwise the plain
-    forward runs, with no autograd bookkeeping.
+    paper does; False: the forward keeps them, [B, H, N, K, V] more memory and less work).
+    Otherwise the plain forward runs, with no autograd bookkeeping.
     """
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)
