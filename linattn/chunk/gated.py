@@ -10,9 +10,8 @@ diagonal are matmuls after absorbing the decay relative to the query sub-chunk's
 exponents ≤ 0); the diagonal tiles are computed in float32 log space (`intra_chunk_matrix`, the
 two-level form). The forward itself uses `gla_tiles.intra_matrix`, which applies the same split
 again inside the diagonal tiles, down to single tokens: the same numbers from matmuls only,
-without a [c, c, K] tensor of exponentials per sub-chunk (on a CPU that tensor made the
-per-dimension forward slower than the token loop), and blocks smaller than c stay in float32,
-as the diagonal tiles do. For per-head (scalar) gates
+without a [c, c, K] tensor of exponentials per sub-chunk (C·K exponentials per chunk instead of
+C·c·K), and blocks smaller than c stay in float32, as the diagonal tiles do. For per-head (scalar) gates
 the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal decay mask D, and no
 secondary chunking is needed (sub_chunk_size is then validated but unused).
 
