@@ -77,7 +77,7 @@ def forward(q, k, v, g, initial_state, plan):
     d, C = plan.d, plan.C
     # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
     # Fresh dense copies: the matmuls run on dense batches, and they may be overwritten below
-    # (on the CPU every fresh buffer of a few MB costs page faults, as much as the arithmetic).
+    # (on a CPU a fresh buffer of a few MB can cost page faults comparable to its arithmetic).
     qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, N, C, K]  Q̂
     kc = dense_chunks(k, C, d.acc)                                    # [B, H, N, C, K]
     vc = dense_chunks(v, C, d.acc)                                    # [B, H, N, C, V]

@@ -62,8 +62,8 @@ class ChunkwiseGated(torch.autograd.Function):
 def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     """dq, dk, dv, dg, d initial_state (None where not needed) for the incoming do, dS_final.
 
-    Buffers are updated in place where the algebra allows: on the CPU each fresh buffer of a few
-    MB costs page faults comparable to the arithmetic done on it."""
+    Buffers are updated in place where the algebra allows: on a CPU a fresh buffer of a few
+    MB can cost page faults comparable to the arithmetic done on it."""
     d, C = plan.d, plan.C
     dev = q.device
     qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, N, C, K]  Q̂
