@@ -345,7 +345,7 @@ assert held[True] == 0 < held[False]
 # numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. Keeping them holds five
 # times the size of $q$ per layer, for as long as the network waits between this layer's forward
 # and its backward. Recomputing them costs the two kernels §7 times.
-#
+
 # %% [markdown]
 # ## 7. Where the time goes
 #
@@ -360,7 +360,7 @@ rec = bench.recorded_run("bench_train.json")
 
 
 def stages_live(T_=8192):
-    for op, gate in (("linear_attn", None), ("simple_gla", "per_head"), ("gla", "per_dim")):
+    for op in ("linear_attn", "simple_gla", "gla"):                    # no gate, per head, per dimension
         a3 = bench.anchor_inputs(op, T_)
         q, k, v, g = a3["q"], a3["k"], a3["v"], a3.get("g")
         d = check_inputs(q, k, v, g=g, gate=g is not None)
