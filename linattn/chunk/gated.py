@@ -138,7 +138,7 @@ def scan_(buf, gamma, S, reverse=False):
     for n in (reversed(range(N)) if reverse else range(N)):
         add = buf[:, :, n].clone()                                    # [B, H, K, V]
         buf[:, :, n] = S
-        S = add + (S if gamma is None else gamma[:, :, n, :, None] * S)  # diag(γ) S: row κ times γ_κ
+        S = add.add_(S) if gamma is None else add.addcmul_(gamma[:, :, n, :, None], S)  # diag(γ) S
     return S
 
 
