@@ -113,6 +113,12 @@ def test_long_chunks(op, gate, shape):
     check(op, gate, shape, seed=6)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1, 16, 16, 16, 16), (2, 17, 3, 16, 20, 16, 16)], ids=["T1", "B2H3"])
+@pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
+def test_one_token_and_several_batches_and_heads(op, gate, shape):
+    check(op, gate, shape, seed=12)
+
+
 @pytest.mark.parametrize("op,gate", OPS, ids=OP_IDS)
 def test_recompute_and_kept_states_agree(op, gate):
     # The forward differs (any mode vs materialised states); the backward runs the same kernels on
