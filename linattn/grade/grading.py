@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sysconfig
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -246,8 +247,17 @@ def _compare(label, got, expect, truth, tol):
     return None, err
 
 
+# Frames that are not the reader's code: the grader, installed packages and the standard library
+# (an alarm or an error can land inside any of them while the reader's code calls them).
 _NOT_READER = (os.sep + os.path.join("linattn", "grade") + os.sep, os.sep + "triton" + os.sep,
-               os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep)
+               os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep, "<frozen ")
+_INSTALLED = tuple({os.path.realpath(p) + os.sep for p in
+                    (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+
+
+def _readers(filename: str) -> bool:
+    return not (any(part in filename for part in _NOT_READER)
+                or os.path.realpath(filename).startswith(_INSTALLED))
 
 
 def _box(bad) -> str:
@@ -272,7 +282,7 @@ def _describe_exception(e: Exception) -> str:
 def _where(e: BaseException) -> str:
     """' at line N in f: `code`' for the innermost frame of the reader's code in e's traceback."""
     frames = traceback.extract_tb(e.__traceback__)
-    mine = [f for f in frames if not any(part in f.filename for part in _NOT_READER)]
+    mine = [f for f in frames if _readers(f.filename)]
     if not mine:
         return ""
     f = mine[-1]
