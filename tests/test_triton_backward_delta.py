@@ -127,8 +127,8 @@ def test_recompute_or_keep(op, gate):
 
 
 def test_without_states():
-    # no initial state, no final state asked for: gradients of q, k, v, g, β only
-    a = inputs("kda", "per_head", 2, 33, 1, 16, 16, torch.float32, initial_state=False, seed=3)
+    # no initial state, no final state asked for: gradients of q, k, v, g, β only (B, H > 1)
+    a = inputs("kda", "per_head", 2, 33, 2, 16, 16, torch.float32, initial_state=False, seed=3)
     dO, dS = upstream(a)
     ref, _ = reference("kda", a, dO, dS, final=False)
     got, _ = ours("kda", a, dO, dS, final=False, chunk_size=16)
