@@ -7,13 +7,14 @@ Checked against the float64 naive recurrence: one step from a given state, and a
 import pytest
 import torch
 
-from linattn import naive, testing
+from linattn import device, naive, testing
 from linattn.triton import step as fused
-from linattn.validate import InputError
+from linattn.validate import InputError, value_checks
 
 OPS = [("linear_attn", "per_dim"), ("gla", "per_dim"), ("gla", "per_head"), ("delta_rule", "per_dim"),
        ("kda", "per_dim"), ("kda", "per_head")]
 IDS = [f"{op}-{gate}" for op, gate in OPS]
+DEV = device.default_device()   # the Triton step runs natively on a GPU, in the interpreter on a CPU
 
 
 def one_token(args, t):
@@ -27,7 +28,7 @@ def one_token(args, t):
 def test_fused_step_matches_naive(op, gate, dtype, with_state):
     # K = 20 (not a power of two), V = 70 (two column blocks, the second partial).
     args = testing.make_inputs(op, B=2, T=1, H=3, K=20, V=70, gate=gate, dtype=dtype,
-                               initial_state=with_state, seed=4)
+                               initial_state=with_state, seed=4, device=DEV)
     state = args.get("initial_state")
     tok = one_token(args, 0)
     ref_o, ref_S = getattr(naive, op + "_step")(**testing.to_float64(tok),
@@ -42,7 +43,7 @@ def test_fused_step_matches_naive(op, gate, dtype, with_state):
 @pytest.mark.parametrize("op,gate", OPS, ids=IDS)
 @pytest.mark.parametrize("level", ["naive", "triton"])
 def test_decode_loop_matches_whole_sequence(op, gate, level):
-    args = testing.make_inputs(op, B=1, T=9, H=2, K=16, V=16, gate=gate, initial_state=True, seed=5)
+    args = testing.make_inputs(op, B=1, T=9, H=2, K=16, V=16, gate=gate, initial_state=True, seed=5, device=DEV)
     ref_o, ref_S = getattr(naive, op)(**testing.to_float64(args), output_final_state=True)
     step = getattr(naive if level == "naive" else fused, op + "_step")
     state, outs = args["initial_state"], []
@@ -55,7 +56,7 @@ def test_decode_loop_matches_whole_sequence(op, gate, level):
 
 
 def test_inplace_writes_over_the_state():
-    args = testing.make_inputs("kda", B=1, T=1, H=2, K=16, V=16, initial_state=True, seed=6)
+    args = testing.make_inputs("kda", B=1, T=1, H=2, K=16, V=16, initial_state=True, seed=6, device=DEV)
     state = args["initial_state"].clone()
     ref_o, ref_S = naive.kda_step(**one_token(args, 0), state=args["initial_state"])
     o, S = fused.kda_step(**one_token(args, 0), state=state, inplace=True)
@@ -68,7 +69,7 @@ def test_inplace_writes_over_the_state():
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "state"])
 def test_fused_step_refuses_grad(name):
-    args = testing.make_inputs("kda", B=1, T=1, H=1, K=16, V=16, initial_state=True)
+    args = testing.make_inputs("kda", B=1, T=1, H=1, K=16, V=16, initial_state=True, device=DEV)
     tok = one_token(args, 0)
     tok["state"] = args["initial_state"]
     tok[name] = tok[name].clone().requires_grad_(True)
@@ -81,7 +82,7 @@ def test_fused_step_refuses_grad(name):
 
 @pytest.mark.parametrize("module", [naive, fused], ids=["naive", "triton"])
 def test_step_bad_inputs_fail_by_name(module):
-    args = testing.make_inputs("kda", B=2, T=1, H=2, K=16, V=16, initial_state=True)
+    args = testing.make_inputs("kda", B=2, T=1, H=2, K=16, V=16, initial_state=True, device=DEV)
     tok = one_token(args, 0)
     with pytest.raises(InputError, match="q must be one token"):
         module.kda_step(**{**tok, "q": args["q"]})                   # [B, T, H, K]: a sequence
@@ -89,14 +90,15 @@ def test_step_bad_inputs_fail_by_name(module):
         module.kda_step(**tok, state=args["initial_state"][:1])       # another batch size
     with pytest.raises(InputError, match="beta"):
         module.kda_step(**{**tok, "beta": tok["beta"][:, :1]})
-    with pytest.raises(InputError, match="g must"):
-        module.kda_step(**{**tok, "g": -tok["g"].abs() + 1.0})        # a decay above 1
-    with pytest.raises(InputError, match="k"):
-        module.kda_step(**{**tok, "k": 3 * tok["k"]})                 # not L2-normalised
+    with value_checks(True):                                          # opt-in for GPU tensors
+        with pytest.raises(InputError, match="g must"):
+            module.kda_step(**{**tok, "g": -tok["g"].abs() + 1.0})    # a decay above 1
+        with pytest.raises(InputError, match="k"):
+            module.kda_step(**{**tok, "k": 3 * tok["k"]})             # not L2-normalised
 
 
 def test_fused_step_refuses_float64():
-    args = testing.make_inputs("gla", B=1, T=1, H=1, K=16, V=16, dtype=torch.float64)
+    args = testing.make_inputs("gla", B=1, T=1, H=1, K=16, V=16, dtype=torch.float64, device=DEV)
     with pytest.raises(InputError, match="q has dtype"):
         fused.gla_step(**one_token(args, 0))
 
