@@ -468,8 +468,8 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
     BVa = min(block(V), 64)
     with _stage(timer, "dA"):
-        last_launch["dA"] = launch(
-            _dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR, BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+        last_launch["dA"] = launch(_dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR,
+                                   BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
 
     # 3. intra-chunk parts of dq, dk
     BK = min(block(K), GRAD_BLOCK)
@@ -477,8 +477,9 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     with _stage(timer, "intra dq, dk"):
         last_launch["intra"] = launch(
-            _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK,
-            GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=2 if c <= 16 else 4)
+            _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp,
+            dA, dqi, dki, T, H, K, C=C, c=c, BK=BK, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
+            num_warps=2 if c <= 16 else 4)
 
     # 4. dv
     if gate == DIM_GATE and A is None:
@@ -486,10 +487,13 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
             A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
     BKv, BVv = gated.blocks(K, V)
+    # ptxas for sm_90 at K = V = 128, C = 64: float32 tiles of 64 rows spilled 7–14 KB of stack per
+    # thread, 32 rows none; bf16 with 64 rows and 8 warps none (4 warps: 104 bytes, per-head gates)
+    BRv = min(C, 32) if IEEE else BR
     with _stage(timer, "dv"):
         last_launch["dv"] = launch(
-            _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BR), B * H), q, k, bp, A if A is not None else q, do, dh, dv, T, H, K, V, NT, d.scale, BR=BR, BK=BKv, BV=BVv,
-            num_warps=4, **common)
+            _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BRv), B * H), q, k, bp, A if A is not None else q, do, dh,
+            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else 8, **common)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
     dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=dev)
@@ -499,9 +503,10 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
         db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
     BVq = min(block(V), GRAD_BLOCK)
     with _stage(timer, "dq, dk"):
+        # 8 warps: with 4, ptxas for sm_90 spilled 648 bytes per thread (bf16, K = 128, C = 64)
         last_launch["dqk"] = launch(
-            _dqk_kernel, (triton.cdiv(K, BK), NT * (C // BR), B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk, db if db is not None else q, T, H, K, V, NT, d.scale,
-            BR=BR, BK=BK, BV=BVq, num_warps=8, **common)   # 4 warps spilled 648 bytes (sm_90, bf16, K = 128)
+            _dqk_kernel, (triton.cdiv(K, BK), NT * (C // BR), B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk,
+            db if db is not None else q, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BVq, num_warps=8, **common)
 
     # 6. dg: the final state's own decay on the last token, then a reverse cumulative sum over T
     dg = None
