@@ -247,10 +247,11 @@ def _compare(label, got, expect, truth, tol):
     return None, err
 
 
-# Frames that are not the reader's code: the grader, installed packages and the standard library
-# (an alarm or an error can land inside any of them while the reader's code calls them).
+# Frames that are not the reader's code: the grader, installed packages, the standard library and
+# generated code such as a dataclass's __init__ ("<string>"): an alarm or an error can land inside
+# any of them while the reader's code calls them.
 _NOT_READER = (os.sep + os.path.join("linattn", "grade") + os.sep, os.sep + "triton" + os.sep,
-               os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep, "<frozen ")
+               os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep, "<frozen ", "<string>")
 _INSTALLED = tuple({os.path.realpath(p) + os.sep for p in
                     (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
 
