@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn import nn as lnn, testing
+from linattn import device, nn as lnn, testing
 from linattn.nn.gates import LogGate
 from linattn.validate import InputError
 
@@ -127,10 +127,11 @@ def test_gla_gate_is_log_space_with_temperature_16():
 def test_fused_step_path_of_the_layers(name, monkeypatch):
     """On CUDA a layer's one-token calls go through the fused Triton step; here the same path runs
     in the interpreter (fused_step forced on) and must match the whole sequence."""
-    layer = make(name)
+    dev = device.default_device()                   # natively on a GPU, the interpreter on a CPU
+    layer = make(name).to(dev)
     calls = []
     monkeypatch.setattr(type(layer), "fused_step", lambda self, q, *t: calls.append(1) or True)
-    x = torch.randn(1, 6, D, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(1, 6, D, generator=torch.Generator().manual_seed(4)).to(dev)
     with torch.no_grad(), testing.poisoned():
         y, _ = layer(x)
         y_pre, state = layer(x[:, :3])
