@@ -11,11 +11,23 @@
 # ---
 
 # %%
-# On Colab, install the book's library first (does nothing elsewhere).
-import subprocess, sys
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "linattn @ git+https://github.com/linattn/linattn"], check=True)
+# Colab: install the book's library (elsewhere this cell does nothing). The source is set in one
+# place, [tool.linattn] in pyproject.toml; "" means the wheel you upload (`make wheel` builds it).
+LINATTN_SOURCE = ""
+import glob, importlib.util, subprocess, sys
+if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None:
+    wheels = sorted(glob.glob("linattn-*.whl") + glob.glob("/content/linattn-*.whl"))
+    if not (LINATTN_SOURCE or wheels):
+        print("Upload the linattn wheel: run `make wheel` in a clone of the repository, "
+              "then choose dist/linattn-*.whl below.")
+        from google.colab import files
+        wheels = sorted(n for n in files.upload() if n.startswith("linattn") and n.endswith(".whl"))
+    if LINATTN_SOURCE or wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", LINATTN_SOURCE or wheels[-1]],
+                       check=True)
+    else:
+        print("No wheel uploaded, so linattn is not installed: run this cell again and upload "
+              "dist/linattn-*.whl, or read the book locally (README: `make book`).")
 
 # %% [markdown]
 # # 12 — The backward pass
