@@ -262,11 +262,11 @@ assert not torch.isfinite(factorised).all() and torch.isfinite(stable).all()
 # float32's spacing is $6\cdot 10^{-5}$, so a late token's $e^{G_C - G_i}$ is off by that much
 # *relatively*. Summing the tail $g_{i+1} + \dots + g_C$ directly (`decay.key_decay`) keeps the
 # error proportional to the tail itself (the same goes for the pairwise $G_i - G_j$, which
-`decay.pairwise_decay` sums over the segment). An earlier version of `chunk.kda` took both as
-differences of prefix sums; on strong gates ($C = 64$, $T = 256$, six seeds, float32 against the
-float64 recurrence) its final state was off by up to $8.4\cdot10^{-6}$ — uncomfortably close to
-the $10^{-5}$ tolerance — against $1.3\cdot10^{-7}$ with segment and tail sums. The cell below
-shows the effect on the key factors alone.
+# `decay.pairwise_decay` sums over the segment). Taking both as differences of prefix sums
+# instead, `chunk.kda` on strong gates ($C = 64$, $T = 256$, six seeds, float32 against the
+# float64 recurrence) ends with a final state off by up to $8.4\cdot10^{-6}$ — uncomfortably close
+# to the $10^{-5}$ tolerance — against $1.3\cdot10^{-7}$ with segment and tail sums. The cell below
+# shows the effect on the key factors alone.
 
 # %%
 gl = testing.log_gates((64, K), "strong", generator=gen)           # float32, down to −20
