@@ -20,7 +20,7 @@ SHAPES = [  # B, T, H, K, V, chunk_size, sub_chunk_size
     (1, 150, 1, 8, 16, 64, 16),   # default sizes, partial last chunk
     (1, 100, 1, 8, 8, 48, 16),    # a chunk that is not a power of two
 ]
-GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+GRAD_TOLERANCE = testing.GRAD_TOLERANCE   # one place for gradient tolerances
 
 
 def weights(args, op, seed=1):

@@ -1,27 +1,33 @@
-"""A function without a backward refuses inputs that require grad, by name: it never returns a
-result silently detached from the graph (a model trained through it would leave q, k, v untrained).
-
-Each entry here is a Triton function whose backward is not written yet; remove it when it is.
-Every Triton operation now has one (linear_attn and gla: tests/test_triton_backward_gated.py;
-delta_rule and kda: tests/test_triton_backward_delta.py), so the list is empty and the test is
-reported as skipped until a function without a backward is added.
-"""
+"""No result is ever silently detached from the graph: every level and every implementation either
+carries the gradient or refuses inputs that require grad by name (a model trained through a detached
+result would leave its q, k, v projections untrained without any error)."""
 import pytest
 import torch
 
-from linattn import testing
-from linattn import triton as lt
-from linattn.validate import InputError
+import linattn
+from linattn import device, testing
+from linattn.validate import InputError, refuse_grad
 
-NO_BACKWARD = []
+DEV = device.default_device()
+CASES = [("linear_attn", {}), ("gla", {"gate": "per_dim"}), ("gla", {"gate": "per_head"}),
+         ("delta_rule", {}), ("kda", {"gate": "per_dim"}), ("kda", {"gate": "per_head"})]
 
 
-@pytest.mark.parametrize("op,kw", NO_BACKWARD, ids=lambda x: x if isinstance(x, str) else x.get("gate", ""))
-def test_triton_refuses_grad(op, kw):
-    args = testing.make_inputs(op, B=1, T=20, H=1, K=16, V=16, **kw)
+@pytest.mark.parametrize("impl", ["naive", "chunk", "triton"])
+@pytest.mark.parametrize("op,kw", CASES, ids=[f"{op}-{kw.get('gate', '')}" for op, kw in CASES])
+def test_every_level_stays_on_the_graph(op, kw, impl):
+    args = testing.make_inputs(op, B=1, T=20, H=1, K=16, V=16, device=DEV, **kw)
     args["v"].requires_grad_(True)
-    with pytest.raises(InputError, match=rf"linattn.triton.{op} has no backward.*\bv\b"):
-        getattr(lt, op)(**args)
-    with torch.no_grad():                                # inference still runs
-        o, _ = getattr(lt, op)(**args)
-    assert not o.requires_grad
+    o, _ = getattr(linattn, op)(**args, impl=impl, **({"chunk_size": 16} if impl != "naive" else {}))
+    assert o.requires_grad and o.grad_fn is not None
+    o.sum().backward()
+    assert args["v"].grad is not None and torch.isfinite(args["v"].grad).all()
+
+
+def test_refuse_grad_names_the_inputs():
+    x, y = torch.zeros(2, requires_grad=True), torch.zeros(2)
+    with pytest.raises(InputError, match=r"f has no backward pass, but x require"):
+        refuse_grad("f", x=x, y=y)
+    refuse_grad("f", y=y)                                  # nothing requires grad: fine
+    with torch.no_grad():
+        refuse_grad("f", x=x)                              # inference: fine

@@ -17,7 +17,7 @@ from linattn.validate import InputError
 
 DEV = device.default_device()
 # Relative error of a gradient against float64 autograd: float32 ≤ 1e-4, half precision ≤ 2e-2.
-GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+GRAD_TOLERANCE = testing.GRAD_TOLERANCE   # one place for gradient tolerances
 # B, T, H, K, V, chunk_size, sub_chunk_size: T not a multiple of C nor c, K != V.
 SHAPE = device.pick(cpu=(1, 45, 2, 32, 48, 32, 16), gpu=(2, 500, 3, 128, 96, 64, 16))
 # Several K- and V-blocks of the gradient kernels (blocks of 64): K, V not powers of two on the CPU.
