@@ -49,7 +49,14 @@ from .wy_backward import gate_stage, mm, precise
 # against 4 warps; not yet timed on a GPU. Launched through `common.launch` (the most pipeline
 # stages that fit): in float32 the reverse pass's tiles at BV = 64 need 353 KB of shared memory
 # with Triton's default stages, over an H200's 227 KB.
-TUNING = dict(bv_state=None, bv_chunk=32, warps_state=8, warps_chunk=8)
+# Float32 tiles natively (tf32x3 products) take the reverse pass with 4 warps: with 8, on an H200
+# (Triton 3.6, K = V = 128, C = 64, 16-wide V-blocks, B·H = 8) it faulted with an illegal memory
+# access or returned wrong state gradients (the initial state's 0.68 off, relative), while the
+# interpreter's result at that shape was right; 4 warps, or V-blocks of 32 or 64, were right
+# there. Compiled for sm_90, those launches are the only ones whose [C, BV] products go to the
+# Hopper tensor cores (wgmma) as float32 with 8 warps over 64 rows and 16 columns (at C ≤ 32 the
+# [C, BV] products use mma.sync, and bf16 tiles were right with 8 warps).
+TUNING = dict(bv_state=None, bv_chunk=32, warps_state=8, warps_state_f32=4, warps_chunk=8)
 
 
 def needs_backward(*xs) -> bool:
@@ -121,7 +128,8 @@ def dstate_stage(q, g, wy, do, dht, p):
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), HAS_DHT=dht is not None, num_warps=TUNING["warps_state"])
+        X3=precise(p), HAS_DHT=dht is not None,
+        num_warps=TUNING["warps_state_f32" if precise(p) else "warps_state"])
     return dhs, dvnew, dh0
 
 
