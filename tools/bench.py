@@ -230,7 +230,7 @@ def backward_stages(T, size, op="gla"):
     return {name: sorted(r[name] for r in runs)[len(runs) // 2] for name in runs[0]}
 
 
-def suite_train(Ts, log, size, only=None):
+def suite_train(Ts, log, size, only=None, save=None):
     import linattn.triton as lt
 
     rows, ops = [], [op for op in triton_ops() if not only or op in only]
@@ -258,6 +258,8 @@ def suite_train(Ts, log, size, only=None):
             row["ratio_fla"] = row["triton"] / row["fla"] if row.get("fla") and row.get("triton") else None
             row["ratio_sdpa"] = row["triton"] / row["sdpa"] if row.get("sdpa") and row.get("triton") else None
             rows.append(row)
+            if save:                     # row by row, so a run cut by its time limit still reports
+                save({"rows": rows, "stages": {}, "notes": []})
             log(f"train T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
                 "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
             del args
@@ -377,7 +379,8 @@ def main(argv=None):
     if a.suite in ("resources", "all"):
         res["resources"] = suite_resources(log, size)
     if a.suite == "train":
-        res["train"] = suite_train(a.T, log, size, only=a.ops)
+        res["train"] = suite_train(a.T, log, size, only=a.ops,
+                                   save=lambda train: bench.save_json(out / "bench.json", {**res, "train": train}))
     bench.save_json(out / "bench.json", res)
     (out / "bench.md").write_text(markdown(res))
     print(markdown(res))
