@@ -56,7 +56,7 @@ def fastest_ms(fn, runs: int = 5) -> float:
         torch.set_num_threads(threads)
 
 
-def memory_use(fn) -> tuple:
+def memory_use(fn, device=None) -> tuple:
     """(peak, held) bytes of fn(): the most memory it holds at once beyond what was allocated when
     it started, and what is still allocated when it returns (its result kept alive: for a forward
     with grad, the outputs plus what autograd keeps for the backward).
@@ -64,8 +64,9 @@ def memory_use(fn) -> tuple:
     GPU: torch.cuda's allocator counters. CPU (PyTorch keeps no such counter there): every tensor
     storage an operation creates during fn — forward and backward, `.grad` included — counted from
     its creation until it is freed; outputs that alias an existing tensor (views, in-place ops) add
-    nothing. What an operation allocates and frees inside itself (scratch space) is not seen."""
-    if torch.cuda.is_available():
+    nothing. What an operation allocates and frees inside itself (scratch space) is not seen.
+    `device`: where fn's tensors live ("cuda" or "cpu"); default: the GPU when there is one."""
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

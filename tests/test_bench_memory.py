@@ -16,14 +16,14 @@ def test_peak_and_held_follow_the_storages():
         d.add_(1)                          # in place: nothing new
         del b, c
         return d                           # held: c's storage, through the view
-    peak, held = bench.memory_use(fn)
+    peak, held = bench.memory_use(fn, device="cpu")
     assert peak == 2 * MB4
     assert held == MB4
 
 
 def test_existing_tensors_and_their_views_are_not_counted():
     x = torch.randn(1 << 20)
-    peak, held = bench.memory_use(lambda: x.view(-1)[1:].unsqueeze(0))
+    peak, held = bench.memory_use(lambda: x.view(-1)[1:].unsqueeze(0), device="cpu")
     assert peak == 0 and held == 0
 
 
@@ -31,5 +31,5 @@ def test_backward_allocations_are_counted():
     w = torch.randn(1 << 18, requires_grad=True)
     def step():
         (w * 2).sum().backward()
-    peak, _ = bench.memory_use(step)
+    peak, _ = bench.memory_use(step, device="cpu")
     assert peak >= w.numel() * 4           # at least w.grad

@@ -242,7 +242,7 @@ def test_triton_kernel_capture_round_trip(home):
     (home / "saved.py").write_text(saved + "\nSOLUTION = double\n")
     out = {"__name__": "saved"}
     exec(compile(saved + "\nSOLUTION = double\n", str(home / "saved.py"), "exec"), out)
-    x = torch.randn(37)
+    x = torch.randn(37, device=linattn.device.default_device())  # natively: a CUDA tensor
     assert torch.equal(out["SOLUTION"](x), 2 * x)
 
 

@@ -251,8 +251,8 @@ def test_passed_kernel_runs_the_library(home):
     saved = (home / "mine" / "ch09.linear_attn.py").read_text()
     assert "@triton.jit" in saved and "def linear_kernel" in saved and "def block" in saved
     assert "def tile" not in saved                          # only what the launcher uses
-    q, k, v = torch.randn(3, 1, 20, 2, 16).unbind(0)
-    o, _ = linattn.linear_attn(q, k, v, impl="mine", chunk_size=16)
+    q, k, v = torch.randn(3, 1, 20, 2, 16, device=linattn.device.default_device()).unbind(0)
+    o, _ = linattn.linear_attn(q, k, v, impl="mine", chunk_size=16)   # natively: CUDA tensors
     assert linattn.which("linear_attn").startswith("your ch09.linear_attn")
     assert linattn.testing.rel_err(o, linattn.naive.linear_attn(q, k, v)[0]) < 1e-5
     linattn.set_impl("linear_attn", "mine")
@@ -609,7 +609,8 @@ def reader_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final
                                           ("ch11.kda", "kda", reader_kda)])
 def test_passed_gated_kernels_run_the_library(home, name, op, fn):
     assert check(name, fn, seed=6, quiet=True).passed
-    kw = linattn.testing.make_inputs(op, B=1, T=21, H=2, K=16, V=16, seed=3)
+    kw = linattn.testing.make_inputs(op, B=1, T=21, H=2, K=16, V=16, seed=3,
+                                     device=linattn.device.default_device())
     o, _ = getattr(linattn, op)(**kw, impl="mine")
     assert linattn.which(op).startswith(f"your {name}")
     want, _ = getattr(linattn.naive, op)(**kw)

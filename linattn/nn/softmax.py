@@ -47,7 +47,10 @@ class SoftmaxAttention(nn.Module):
         if state is not None:
             k = torch.cat([state.memory, k], dim=2)                   # [B, H, past + T, D]
             v = torch.cat([state.values, v], dim=2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal(T, past, x.device))
+        # No cache: SDPA's own causal flag (the flash kernels, O(T) memory); an explicit [T, T] mask
+        # would send a long prefill to the math kernel, which materialises B·H·T² scores.
+        mask = _causal(T, past, x.device) if past else None
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not past and T > 1)
         o = self.norm(o.transpose(1, 2)).flatten(-2) * F.silu(self.out_gate(x))
         return self.out(o), LayerState(k, conv_cache, self.owner, past + T, values=v)
 
