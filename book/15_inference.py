@@ -145,8 +145,8 @@ for name, model in models.items():
 # (`linattn.bench.timeit`, the median of several) and read the size of the states it carries.
 
 # %%
-Ls = pick(cpu=[64, 256, 1024, 4096], gpu=[256, 1024, 4096, 16384, 65536])
-B = pick(cpu=1, gpu=8)
+Ls = pick(cpu=[64, 256, 1024, 4096], gpu=[256, 1024, 4096, 16384])
+B = pick(cpu=1, gpu=4)
 mem, ms = {n: [] for n in models}, {n: [] for n in models}
 for L in Ls:
     ctx = torch.randint(0, VOCAB, (B, L), device=DEVICE)
