@@ -363,10 +363,7 @@ print("ran:", linattn.which("linear_attn"))
 # On a GPU the cell after it also times the two modes live.
 
 # %%
-def caption(env):
-    """Where and with what a recorded run was made: device, date, software versions."""
-    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-            f"FLA {env['fla']}")
+caption = bench.run_label          # device, date, software versions of a recorded run
 
 
 rec = bench.recorded_run("bench.json")

@@ -312,10 +312,7 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # and write $o$ once at the copy bandwidth measured in that run.
 
 # %%
-def caption(env):
-    """Where and with what a recorded run was made: device, date, software versions."""
-    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-            f"FLA {env['fla']}")
+caption = bench.run_label          # device, date, software versions of a recorded run
 
 
 rec = bench.recorded_run("bench.json")   # also read by the sections below

@@ -346,10 +346,7 @@ for dt in (torch.float32, torch.bfloat16, torch.float16):
 # versions); on a GPU it also times our kernels live at one length (and FLA, if it is installed).
 
 # %%
-def caption(env):
-    """Where and with what a recorded run was made: device, date, software versions."""
-    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-            f"FLA {env['fla']}")
+caption = bench.run_label          # device, date, software versions of a recorded run
 
 
 NAMES = {"delta_rule": "delta", "gated_delta_rule": "gdn", "kda": "kda"}

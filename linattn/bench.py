@@ -213,10 +213,11 @@ def environment() -> dict:
     import triton
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
-    return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    # The day, not the hour: a recorded run is quoted in the book by its setting; which commit ran
+    # it belongs in docs/perf_notes.md and the git log.
+    return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
-            "python": platform.python_version(),
-            "commit": os.environ.get("LINATTN_COMMIT")}  # set by tools/gpu_validate.sh's caller
+            "python": platform.python_version()}
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -257,8 +258,8 @@ def recorded_run(*names):
 
 def run_label(env: dict) -> str:
     """Where, when and with what a recorded run was made: the line printed above its table."""
-    return (f"{env['device']}, {env['date']}, kernels at commit {env.get('commit', '?')}, "
-            f"torch {env['torch']}, triton {env['triton']}, FLA {env['fla']}")
+    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+            f"FLA {env.get('fla')}")
 
 
 def markdown_table(columns, rows) -> str:
