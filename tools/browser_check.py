@@ -83,8 +83,10 @@ def serve(directory: Path):
         server.shutdown()
 
 
+# Chromium's helper processes may still write into the throw-away profile while it is removed
+# (seen: "Directory not empty: 'Default'"), hence ignore_cleanup_errors on every profile below.
 def run_chromium(exe: str, *args, timeout=120) -> str:
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-", ignore_cleanup_errors=True) as profile:
         out = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
                              text=True, timeout=timeout)
     return out.stdout
@@ -154,7 +156,7 @@ FIGURE_NEAR_MATH = """(() => {
 async def figure_with_math(exe: str, url: str, path: Path):
     """Screenshot of a figure and the math just above it, after MathJax and images are done."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-", ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
                                     "--window-size=1280,1400", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -282,7 +284,7 @@ def check_lab(exe: str, chapter: str, out: Path, n_cells: int = 3) -> list[str]:
          "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={root}"]
         + (["--allow-root"] if os.geteuid() == 0 else []),
         stdout=subprocess.DEVNULL, stderr=open(out / "jupyterlab.log", "w"), env=env)
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-", ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={dbg}",
                                     "--window-size=1400,1100", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
