@@ -133,7 +133,9 @@ assert testing.rel_err(Vt_system, Vt_tokens) < 1e-13
 # $L = I + A$ is **unit lower triangular**, and so is its inverse. Three ways to get $T = L^{-1}$:
 #
 # * **Forward substitution**, row by row from $LT = I$: $T_i = e_i - \sum_{j<i} A_{ij} T_j$ —
-#   $C - 1$ steps, each a (row × block) product. This is what `linattn.chunk.delta.unit_lower_inverse` does.
+#   $C - 1$ steps, each a (row × block) product. `linattn.chunk.delta.unit_lower_inverse` does the
+#   same in blocks: rows within each $16\times16$ diagonal block, then whole block rows at once
+#   (matrix products instead of $C-1$ thin steps).
 # * **Neumann series**: $A$ is nilpotent ($A^C = 0$: each power pushes the entries one diagonal
 #   further down), so $(I + A)^{-1} = I - A + A^2 - \dots + (-A)^{C-1}$ exactly — $C - 2$ matrix
 #   products.

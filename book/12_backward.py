@@ -293,7 +293,9 @@ print("gradients come back in each input's dtype, e.g. dq", got["dq"].dtype, "an
 #   never $e^{-b}$ on its own. Off-diagonal sub-chunk tiles split the decay at a sub-chunk
 #   boundary (chapter 05), for $d\hat q$ at the query sub-chunk's start and for $dk$ at the key
 #   sub-chunk's end, so both factors stay ≤ 1.
-# * **Diagonal tiles in float32 log space**, as in the forward.
+# * **Diagonal tiles in float32**, as in the forward: built from single-token decays $e^{g} \le 1$
+#   (the library's chunk level halves the diagonal tiles again and again, `linattn.chunk.gla_tiles`,
+#   so every factor is a product of such decays and nothing is divided).
 # * **Short sums for the gate gradient.** The suffix sum of $\partial L/\partial b$ over a whole
 #   sequence adds up $T$ terms that largely cancel (each $q\odot dq$ is nearly offset by a later
 #   $k\odot dk$); summing inside each chunk adds at most $C$ of them, and the chunk's $S$ term carries
