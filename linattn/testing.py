@@ -37,11 +37,6 @@ def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE[dtype]
 
 
-def grad_tolerance(dtype: torch.dtype) -> float:
-    """Relative-error bound for gradients of inputs in `dtype` (GRAD_TOLERANCE)."""
-    return GRAD_TOLERANCE[dtype]
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in float64; inf when out holds NaN/inf or the shapes differ."""
     if out.shape != ref.shape:
