@@ -111,7 +111,6 @@ class _StorageTracker(TorchDispatchMode):
         return out
 
 import json  # noqa: E402
-import os  # noqa: E402
 import platform  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
