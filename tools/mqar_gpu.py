@@ -5,13 +5,15 @@ Chapter 14 trains CPU-sized models live; on a CPU it also shows this recorded GP
 model width in --dims on MQAR with up to --pairs key-value pairs, then its recall accuracy is
 measured for several numbers of pairs. The file holds the device, versions and date of the run.
 
-    python tools/mqar_gpu.py                          # the default sweep (about 5–8 min on an H200)
+    python tools/mqar_gpu.py                          # the default sweep (about 5 min per width and task on an H200)
     python tools/mqar_gpu.py --steps 300 --dims 64    # a quick look
-    python tools/mqar_gpu.py --dims 64 && python tools/mqar_gpu.py --dims 128 --append   # in two calls
+    python tools/mqar_gpu.py --dims 64 --pairs 32 && python tools/mqar_gpu.py --dims 64 --pairs 64 --append
+                                                      # split over two calls, one file
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -30,10 +32,11 @@ MODELS = ("softmax", "linear", "gla", "deltanet", "gated_deltanet", "kda")
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--dims", default="64,128", help="model widths d_model (comma separated)")
+    p.add_argument("--dims", default="32,64", help="model widths d_model (comma separated)")
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--pairs", type=int, default=32, help="most key-value pairs per training sequence")
+    p.add_argument("--pairs", default="32,64", help="most key-value pairs per training sequence (comma separated: "
+                                                  "one task per number)")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=128)
@@ -46,30 +49,45 @@ def main(argv=None):
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dims = [int(x) for x in a.dims.split(",")]
-    test_pairs = sorted({max(1, a.pairs // 8), a.pairs // 4, a.pairs // 2, a.pairs})
-    runs = json.loads(Path(a.out).read_text())["runs"] if a.append and Path(a.out).exists() else []
-    for d in dims:
-        for name in a.models.split(","):
-            torch.manual_seed(a.seed)
-            model = mqar.RecallModel(name, a.vocab, d_model=d, n_heads=a.heads, layers=a.layers,
-                                     **({} if name == "softmax" else {"impl": a.impl}))
-            start = time.perf_counter()
-            run = mqar.train(model, n_pairs=a.pairs, vocab=a.vocab, steps=a.steps, batch_size=a.batch,
-                             lr=a.lr, seed=a.seed, device=device, name=f"{name} d={d}")
-            acc = {str(n): mqar.accuracy(model, n, a.vocab, device=device) for n in test_pairs}
-            runs.append({"model": name, "d_model": d, "state_size": run.state_size,
-                         "accuracy": acc, "seconds": round(time.perf_counter() - start, 1),
-                         "losses": [round(x, 4) for x in run.losses[:: max(1, a.steps // 200)]]})
-            print(f"{name:15s} d={d:4d} state={run.state_size:7d} acc={acc} {runs[-1]['seconds']} s",
-                  flush=True)
-            _save(a, device, test_pairs, runs)                       # keep what is done if cut off
+    runs = _previous_runs(a) if a.append else []
+    for pairs, d, name in itertools.product([int(x) for x in a.pairs.split(",")], dims, a.models.split(",")):
+        # up to twice the longest training list: beyond it, whether a memory generalises
+        test_pairs = sorted(n for n in {max(1, pairs // 8), pairs // 4, pairs // 2, pairs, 3 * pairs // 2,
+                                        2 * pairs} if n <= a.vocab // 2)
+        torch.manual_seed(a.seed)
+        model = mqar.RecallModel(name, a.vocab, d_model=d, n_heads=a.heads, layers=a.layers,
+                                 **({} if name == "softmax" else {"impl": a.impl}))
+        start = time.perf_counter()
+        run = mqar.train(model, n_pairs=pairs, vocab=a.vocab, steps=a.steps, batch_size=a.batch,
+                         lr=a.lr, seed=a.seed, device=device, name=f"{name} d={d}")
+        acc = {str(n): mqar.accuracy(model, n, a.vocab, device=device) for n in test_pairs}
+        runs.append({"model": name, "d_model": d, "pairs": pairs, "test_pairs": test_pairs,
+                     "state_size": run.state_size, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1),
+                     "losses": [round(x, 4) for x in run.losses[:: max(1, a.steps // 200)]]})
+        print(f"{name:15s} d={d:4d} pairs={pairs:3d} state={run.state_size:7d} acc={acc} "
+              f"{runs[-1]['seconds']} s", flush=True)
+        _save(a, device, runs)                                   # keep what is done if cut off
 
 
-def _save(a, device, test_pairs, runs):
+def _config(a) -> dict:
+    """What every run of one file shares (the number of pairs and the width vary per run)."""
+    return {k: getattr(a, k) for k in ("heads", "layers", "vocab", "steps", "batch", "lr", "seed")}
+
+
+def _previous_runs(a) -> list:
+    if not Path(a.out).exists():
+        return []
+    old = json.loads(Path(a.out).read_text())
+    if old["config"] != _config(a):
+        raise SystemExit(f"--append: {a.out} was made with {old['config']}, this call has {_config(a)}; "
+                         "use the same settings or another --out")
+    return old["runs"]
+
+
+def _save(a, device, runs):
     env = bench.environment()
     env.pop("fla", None)
-    config = {k: getattr(a, k) for k in ("heads", "layers", "pairs", "vocab", "steps", "batch", "lr", "seed")}
-    out = {"env": env, "device": device, "config": config, "test_pairs": test_pairs, "runs": runs}
+    out = {"env": env, "device": device, "config": _config(a), "runs": runs}
     Path(a.out).write_text(json.dumps(out, indent=1))
 
 
