@@ -324,12 +324,14 @@ plt.show()
 #
 # ## 6. Recompute or keep the states
 #
-# `recompute=True` (default) keeps only the inputs between forward and backward; `recompute=False`
-# keeps the states $h$ ($B\cdot H\cdot N\cdot K\cdot V$ numbers), for per-dimension gates the
-# float32 matrix $A$ ($B\cdot T\cdot H\cdot C$) and the cumulated gates, and skips two kernels in
-# the backward. Both give the same gradients (the backward runs the same kernels on the same
-# numbers). What waits between the two passes is what the `autograd.Function` saved for the
-# backward beyond the inputs themselves (which the network keeps anyway):
+# `recompute=True` (default) computes the states $h$ ($B\cdot H\cdot N\cdot K\cdot V$ numbers)
+# again in the backward and keeps only what is input-sized: for per-dimension gates the float32
+# matrix $A$ ($B\cdot T\cdot H\cdot C$) and the cumulated gates $b$ ($B\cdot T\cdot H\cdot K$),
+# which the forward built anyway and which cost about as much to rebuild as the states (FLA makes
+# the same choice). `recompute=False` keeps $h$ as well and skips one more kernel. Both give the
+# same gradients (the backward runs the same kernels on the same numbers). What waits between the
+# two passes is what the `autograd.Function` saved for the backward beyond the inputs themselves
+# (which the network keeps anyway):
 
 # %%
 Tm = pick(cpu=64, gpu=8192)
@@ -346,14 +348,16 @@ for recompute in (True, False):
           f"({', '.join(str(tuple(t.shape)) for t in saved) or 'nothing'}); the output itself "
           f"{o.numel() * o.element_size() / 2**20:.3f} MiB")
     del o
-assert held[True] == 0 < held[False]
+a_and_b = mem_args["q"].numel() // mem_args["q"].shape[-1] * (64 + mem_args["q"].shape[-1]) * 4   # A and b, float32
+assert held[True] == a_and_b < held[False]
 
 # %% [markdown]
 # Count the bytes per token and head at the benchmark setting (bf16, $K=V=128$, $C=64$): $q$ takes
 # $128\cdot 2 = 256$; the states $K V / C = 256$ numbers in bf16, 512 bytes; $A$ 64 float32
-# numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. Keeping them holds five
-# times the size of $q$ per layer, for as long as the network waits between this layer's forward
-# and its backward. Recomputing them costs the two kernels §7 times.
+# numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. The default keeps $A$ and
+# $b$, three times the size of $q$ per layer; keeping the states too makes it five, for as long as
+# the network waits between this layer's forward and its backward. Recomputing the states costs
+# the kernel §7 times as "recompute states".
 
 # %% [markdown]
 # ## 7. Where the time goes

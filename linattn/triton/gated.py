@@ -391,8 +391,10 @@ def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int) -> str:
     return "fused" if programs > num_sms() // 2 else "states"
 
 
-def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode):
+def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, keep=None):
     """Run the chunk kernels; g is None (linear attention), [B,T,H] or [B,T,H,K]. Inputs validated.
+    keep: a dict that receives the per-dimension gates' cumulated gates "b" and intra matrix "A"
+    (the backward reads them instead of computing them again).
 
     Per-dimension gates run three kernels before the output: cumulated gates b, the intra-chunk
     matrix A, the states. Summing the gates inside each kernel and building A on chip in the
@@ -415,6 +417,8 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     if gate == DIM_GATE:
         gates = local_cumsum(g, C)
     a = intra_attention(q, k, g, d, C, c, b=gates) if gate == DIM_GATE else q
+    if keep is not None and gate == DIM_GATE:
+        keep.update(b=gates, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)

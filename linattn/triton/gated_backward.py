@@ -24,18 +24,20 @@ chunking (sub-chunks of c tokens):
   factors ≤ 1 and becomes one tensor-core matmul. For dq (query sub-chunk i, keys j < i) r is b
   just before sub-chunk i; for dk (key sub-chunk i, queries i' > i) r is b at the last token of
   sub-chunk i, so one reference serves all the tiles one program sums;
-- a diagonal tile is summed in float32 with the forward's column walk: E_s[t] = e^{b_t − b_s}
-  from E_{s+1}[t] · e^{g_{s+1}}, one exponential per key dimension per column.
+- a diagonal tile is summed in float32 with decay tiles built one gate factor (≤ 1) at a time:
+  for dq the forward's column walk, E_s[t] = e^{b_t − b_s} from E_{s+1}[t] · e^{g_{s+1}}; for dk a
+  row walk, F_t[s] = F_{t−1}[s] · e^{g_t}, which adds one rank-one tile per row instead of summing
+  across rows.
 
 Kernels, in the order the backward runs them (`backward`):
-  chunk_states (gated.py)  h, the state before every chunk (recomputed unless kept)
+  chunk_states (gated.py)  h, the state before every chunk (recomputed when recompute=True)
   _dstates_kernel          D for every chunk and dinitial_state: the reverse pass
   _dA_kernel               dA = s · dO Vᵀ (lower triangle of every chunk), float32
   _intra_grad_kernel       the intra-chunk parts of dq and dk (secondary chunking), float32
-  intra_attention (gated.py) A for per-dimension gates (recomputed unless kept)
+  intra_attention (gated.py) A for per-dimension gates (only when the forward's A is not at hand)
   _dv_kernel               dv
   _dqk_kernel              dq, dk (state parts added), and ∂L/∂b for the gate gradient
-then dg = reverse cumulative sum of ∂L/∂B (torch).
+  _dg_kernel               dg = Σ_{s ≥ t} ∂L/∂b_s: each row block's own sums plus the later blocks' totals
 """
 from __future__ import annotations
 
@@ -257,18 +259,30 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 dk += dot(tl.trans(dA_ji).to(COMPUTE), q_j, IEEE)
         # --- the diagonal tile, float32 ---
         if GATE == 2:
-            # columns s from last to first with the decay tile E[t] = e^{b_t − b_s} (rows t < s: 0)
+            # dq: columns s from last to first with the decay tile E[t] = e^{b_t − b_s} (rows t < s: 0),
+            # each step one more gate factor ≤ 1, so nothing overflows
             E = tl.zeros([c, BK], dtype=tl.float32)
             for u in range(c):
                 s = c - 1 - u
                 p = (s0 + s) * H * K + offs_k
                 k_s = tl.load(k + base + p, mask=kmask & (s0 + s < T), other=0.0).to(tl.float32)      # [BK]
-                g_n = tl.load(g + base + p + H * K, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T), other=0.0)
+                g_n = tl.load(g + base + p + H * K, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T),
+                              other=0.0).to(tl.float32)
                 E = tl.where(idx[:, None] == s, 1.0, E * tl.exp(g_n)[None, :])                        # E_s
                 a_s = tl.load(a_base + rows * H * C + i_i * c + s, mask=rmask, other=0.0)              # [c] dA[:, s]
                 dq += a_s[:, None] * k_s[None, :] * E
-                dk_s = tl.sum(a_s[:, None] * q_i * E, axis=0)                                          # [BK]
-                dk = tl.where(idx[:, None] == s, dk + dk_s[None, :], dk)
+            # dk: rows t from first to last with F[s] = e^{b_t − b_s} (columns s > t: 0). Row by row,
+            # dk[s] += dA[t, s] q_t F[s] is a rank-one update of the whole tile: no sum across rows
+            # and no scatter into row s, which column by column needed.
+            F = tl.zeros([c, BK], dtype=tl.float32)
+            for t in range(c):
+                p = (s0 + t) * H * K + offs_k
+                live = s0 + t < T
+                q_t = tl.load(q + base + p, mask=kmask & live, other=0.0).to(tl.float32)             # [BK]
+                g_t = tl.load(g + base + p, mask=kmask & live, other=0.0).to(tl.float32)             # [BK]
+                F = tl.where(idx[:, None] == t, 1.0, F * tl.exp(g_t)[None, :])                        # F_t
+                a_t = tl.load(a_base + (s0 + t) * H * C + i_i * c + idx, mask=live, other=0.0)        # [c] dA[t, :]
+                dk += a_t[:, None] * q_t[None, :] * F
         else:
             dA_ii = tl.load(a_base + rows[:, None] * H * C + (i_i * c + idx)[None, :], mask=rmask[:, None],
                             other=0.0)                                                                 # [c, c]
@@ -584,9 +598,11 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
 class GatedAttention(torch.autograd.Function):
     """o, final state = gated.forward(...), with the Triton backward of this module.
 
-    recompute=True keeps only the inputs (the states h and, for per-dimension gates, the intra
-    matrix A are computed again in the backward, as in the GLA paper); recompute=False keeps h
-    [B, H, NT, K, V], A [B, T, H, C] and the cumulated gates: more memory, two kernels fewer.
+    recompute=True computes the states h [B, H, NT, K, V] again in the backward, as in the GLA
+    paper: they are the large intermediate (K·V numbers per chunk). For per-dimension gates it keeps
+    the cumulated gates b [B, T, H, K] and the intra matrix A [B, T, H, C] from the forward, as FLA
+    does: input-sized, and computing A again cost about as much as the states. recompute=False keeps
+    h as well: more memory, one kernel fewer.
     """
 
     @staticmethod
@@ -594,9 +610,10 @@ class GatedAttention(torch.autograd.Function):
                 recompute):
         ctx.set_materialize_grads(False)
         if recompute:
+            kept = {}
             o, sT = gated.forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
-                                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
-            h = A = b = None
+                                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, keep=kept)
+            h, A, b = None, kept.get("A"), kept.get("b")
         else:
             o, sT, h, A, b = forward_keep(q, k, v, g, d, initial_state=initial_state,
                                           output_final_state=output_final_state, chunk_size=chunk_size,
