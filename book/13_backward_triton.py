@@ -362,30 +362,21 @@ assert held[True] == a_and_b < held[False]
 # %% [markdown]
 # ## 7. Where the time goes
 #
-# `gated_backward.backward(..., timer=dict)` records the milliseconds of each stage (CUDA events
-# around each launch; on a CPU the interpreter's wall clock, which says nothing about a GPU).
-# On a GPU the next cell measures live at the benchmark setting; on a CPU it shows the stages
-# recorded by `tools/bench.py --suite train` in `book/data/bench_train.json`, if such a run has
-# been recorded.
+# `gated_backward.backward(..., timer=dict)` and `delta_backward.backward(..., timer=dict)` record
+# the milliseconds of each stage (CUDA events around its launches; on a CPU the interpreter's wall
+# clock, which says nothing about a GPU); `bench.backward_stages` runs one at the benchmark
+# setting, doing the work of the default call. On a GPU the next cell measures live; on a CPU it
+# shows the stages recorded by `tools/bench.py --suite train` in `book/data/bench_train.json`, if
+# such a run has been recorded.
 
 # %%
 rec = bench.recorded_run("bench_train.json")
 
 
 def stages_live(T_=8192):
-    for op in ("linear_attn", "simple_gla", "gla"):                    # no gate, per head, per dimension
-        a3 = bench.anchor_inputs(op, T_)
-        q, k, v, g = a3["q"], a3["k"], a3["v"], a3.get("g")
-        d = check_inputs(q, k, v, g=g, gate=g is not None)
-        run = lambda timer=None: gated_backward.backward(torch.ones_like(v), None, q, k, v, g, None, None, d,
-                                                         chunk_size=64, sub_chunk_size=16, timer=timer)
-        run()                                                             # compile
-        timers = [{} for _ in range(5)]
-        for t in timers:
-            run(t)
-        ms = [[name, sorted(t[name] for t in timers)[2]] for name in timers[0]]
-        print(f"{op}, T = {T_}, B = {q.shape[0]}, live (median of 5):\n" + bench.markdown_table(["stage", "ms"], ms))
-        del a3, q, k, v, g
+    for op in ("linear_attn", "simple_gla", "gla", "delta_rule", "kda"):
+        ms = bench.backward_stages(op, T_)
+        print(f"{op}, T = {T_}, live (median of 5):\n" + bench.markdown_table(["stage", "ms"], list(ms.items())))
 
 
 def stages_recorded():

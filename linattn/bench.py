@@ -166,6 +166,37 @@ def anchor_inputs(op: str, T: int, *, tokens=32768, H=16, K=128, V=128, dtype=to
     return args
 
 
+def backward_stages(op: str, T: int, *, runs: int = 5, **size) -> dict:
+    """Milliseconds of each stage of op's Triton backward at the anchor inputs (median of `runs`):
+    the work of the default call (recompute=True: states recomputed; for GLA with per-dimension
+    gates the forward's A and cumulated gates reused). Chapter 13 and tools/bench.py."""
+    from .triton import delta, delta_backward, gated, gated_backward
+    from .validate import check_inputs
+
+    a = anchor_inputs(op, T, **size)
+    q, k, v, g, beta = a["q"], a["k"], a["v"], a.get("g"), a.get("beta")
+    do = torch.randn_like(v)
+    if beta is None:
+        d = check_inputs(q, k, v, g=g, gate=g is not None)
+        kw, kept = dict(chunk_size=64, sub_chunk_size=16), {}
+        gated.forward(q, k, v, g, d, initial_state=None, output_final_state=False, mode="auto", keep=kept, **kw)
+
+        def run(timer):
+            gated_backward.backward(do, None, q, k, v, g, None, None, d, A=kept.get("A"), b=kept.get("b"),
+                                    timer=timer, **kw)
+    else:
+        d = check_inputs(q, k, v, g=g, beta=beta, gate=g is not None, delta=True)
+        p = delta.plan(q, g, d, 64)
+
+        def run(timer):
+            delta_backward.backward(q, k, v, g, beta, None, do, None, p, timer=timer)
+    run(None)                                                              # compile, warm up
+    timers = [{} for _ in range(runs)]
+    for t in timers:
+        run(t)
+    return {name: sorted(t[name] for t in timers)[runs // 2] for name in timers[0]}
+
+
 def library_call(op: str, level: str, args: dict, **kw):
     """A no-argument callable running linattn.<level>.<op> on `args`: the default call, exactly
     what a user runs (value checks as the library decides them: off for GPU tensors)."""

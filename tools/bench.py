@@ -211,25 +211,6 @@ def train_check(op, args):
     return max(testing.rel_err(a, b) for a, b in zip(got, ref))
 
 
-def backward_stages(T, size, op="gla"):
-    """Milliseconds of each backward stage of linattn.triton.gla/linear_attn (recompute=True)."""
-    from linattn.triton import gated_backward as gb
-    from linattn.validate import check_inputs
-
-    args = bench.anchor_inputs(op, T, **size)
-    q, k, v, g = args["q"], args["k"], args["v"], args.get("g")
-    d = check_inputs(q, k, v, g=g, gate=g is not None)
-    do = torch.randn_like(v)
-    kw = dict(chunk_size=64, sub_chunk_size=16)
-    gb.backward(do, None, q, k, v, g, None, None, d, **kw)                     # compile
-    runs = []
-    for _ in range(5):
-        timer = {}
-        gb.backward(do, None, q, k, v, g, None, None, d, timer=timer, **kw)
-        runs.append(timer)
-    return {name: sorted(r[name] for r in runs)[len(runs) // 2] for name in runs[0]}
-
-
 def suite_train(Ts, log, size, only=None, save=None):
     import linattn.triton as lt
 
@@ -264,14 +245,13 @@ def suite_train(Ts, log, size, only=None, save=None):
                 "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
             del args
     stages = {}
-    for op in ("linear_attn", "gla", "simple_gla"):
-        if not only or op in only:
-            T = 8192 if 8192 in Ts else Ts[-1]
-            try:
-                stages[op] = {"T": T, "ms": backward_stages(T, size, op)}
-                log(f"backward stages {op} T={T}: {stages[op]['ms']}")
-            except Exception as exc:
-                stages[op] = {"T": T, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    for op in ops:
+        T = 8192 if 8192 in Ts else Ts[-1]
+        try:
+            stages[op] = {"T": T, "ms": bench.backward_stages(op, T, **size)}
+            log(f"backward stages {op} T={T}: {stages[op]['ms']}")
+        except Exception as exc:
+            stages[op] = {"T": T, "error": f"{type(exc).__name__}: {exc}"[:300]}
     notes = ["forward + backward of <o, dO> for every floating input (q, k, v, g, β), "
              "torch.autograd.grad, median ms; mem_*: peak bytes above what was allocated before the call",
              "triton = recompute=True (the default: states recomputed in the backward); triton:keep = "

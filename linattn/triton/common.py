@@ -11,6 +11,9 @@ Two facts decide how a kernel computes (see chapter 09):
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 import triton
 import triton.language as tl
@@ -102,3 +105,23 @@ def dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
+
+
+@contextlib.contextmanager
+def stage(timer, name):
+    """Time the kernels launched inside into timer[name] (ms) when a timer dict is given: CUDA events
+    natively, wall clock under the interpreter. Without a timer it does nothing (no syncs)."""
+    if timer is None:
+        yield
+        return
+    if torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        end.synchronize()
+        timer[name] = timer.get(name, 0.0) + start.elapsed_time(end)
+    else:
+        t = time.perf_counter()
+        yield
+        timer[name] = timer.get(name, 0.0) + 1e3 * (time.perf_counter() - t)

@@ -38,7 +38,7 @@ from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 from .. import outputs
-from .common import block, contiguous, launch
+from .common import block, contiguous, launch, stage
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
 
@@ -95,21 +95,36 @@ class _DeltaFunction(torch.autograd.Function):
     @once_differentiable       # the kernels build no graph: a second derivative raises, not 0
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0 = ctx.saved_tensors
-        p = ctx.p
-        if ctx.keep is None:
-            wy, hs, vnew, _ = factors_and_states(q, k, v, g, beta, h0, p, False, keep=True)
-        else:
-            wy, hs, vnew = ctx.keep, ctx.keep["hs"], ctx.keep["vnew"]
-            ctx.keep = None                               # freed as soon as the backward ends
-        do = do.contiguous()
-        dht = dht.to(torch.float32).contiguous() if dht is not None and dht.dim() == 4 else None
-        dhs, dvnew, dh0 = dstate_stage(q, g, wy, do, dht, p)
-        grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
-        del wy, hs, vnew, dhs, dvnew                      # step 4 reads none of them
-        dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
-        dbeta = (db_v + db_k.sum(0)).to(beta.dtype)
+        keep, ctx.keep = ctx.keep, None                   # kept tensors freed as soon as the backward ends
+        dht = dht if dht is not None and dht.dim() == 4 else None
+        dq, dk, dv, dg, dbeta, dh0 = backward(q, k, v, g, beta, h0, do, dht, ctx.p, keep=keep)
         dh0 = dh0.to(ctx.dtypes[0]) if ctx.has_h0 else None
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
+
+
+def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
+    """(dq, dk, dv, dg, dβ, dh0 in float32) of the forward planned by p (`delta.plan`); steps 1–4 above.
+
+    keep: what factors_and_states(..., keep=True) returned in the forward (recomputed when None);
+    dht: the final state's gradient or None. timer: a dict that receives the milliseconds of each
+    stage (chapter 13, tools/bench.py)."""
+    with stage(timer, "recompute WY, states"):
+        if keep is None:
+            wy, hs, vnew, _ = factors_and_states(q, k, v, g, beta, h0, p, False, keep=True)
+        else:
+            wy, hs, vnew = keep, keep["hs"], keep["vnew"]
+    del keep
+    do = do.contiguous()
+    dht = None if dht is None else dht.to(torch.float32).contiguous()
+    with stage(timer, "reverse pass dS"):
+        dhs, dvnew, dh0 = dstate_stage(q, g, wy, do, dht, p)
+    with stage(timer, "per-chunk grads, WY"):
+        grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
+    del wy, hs, vnew, dhs, dvnew                          # step 4 reads none of them
+    with stage(timer, "dq, dk, dg, dβ"):
+        dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
+        dbeta = (db_v + db_k.sum(0)).to(beta.dtype)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 # ---------------------------------------------------------------- host side of steps 2 and 3

@@ -41,9 +41,6 @@ Kernels, in the order the backward runs them (`backward`):
 """
 from __future__ import annotations
 
-import contextlib
-import time
-
 import torch
 import triton
 import triton.language as tl
@@ -51,7 +48,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import outputs
 from ..validate import InputError
-from .common import block, compute_dtype, contiguous, dot, launch
+from .common import block, compute_dtype, contiguous, dot, launch, stage
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
@@ -417,26 +414,6 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, T, H, K, V, NT
         tl.store(tot + ((i_b * NB + i_nr) * H + i_h) * K + offs_k, tl.sum(d_b, axis=0), mask=kmask)
 
 
-@contextlib.contextmanager
-def _stage(timer, name):
-    """Time the kernels launched inside into timer[name] (ms) when a timer dict is given: CUDA events
-    natively, wall clock under the interpreter. Without a timer it does nothing (no syncs)."""
-    if timer is None:
-        yield
-        return
-    if torch.cuda.is_available():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        yield
-        end.record()
-        end.synchronize()
-        timer[name] = timer.get(name, 0.0) + start.elapsed_time(end)
-    else:
-        t = time.perf_counter()
-        yield
-        timer[name] = timer.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
-
-
 @triton.jit
 def _dg_kernel(db, carry, dg, T, H, K, BR: tl.constexpr, BK: tl.constexpr, HEAD: tl.constexpr):
     # One program per (K-block, row block, batch·head): dg = (Σ to the block end) + (Σ of the later
@@ -481,7 +458,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     if do is None:
         do = torch.zeros_like(v)
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
-    with _stage(timer, "recompute states"):
+    with stage(timer, "recompute states"):
         if gate != NO_GATE and b is None:
             b = gated.local_cumsum(g, C)                               # [B, T, H(, K)] float32
         if h is None:
@@ -495,7 +472,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
     dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
-    with _stage(timer, "reverse pass dS"):
+    with stage(timer, "reverse pass dS"):
         last_launch["dstates"] = launch(
             _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, bp, dh,
             dsT_ if dsT_ is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, d.scale,
@@ -505,7 +482,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     BR = min(C, ROW_BLOCK)
     dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
     BVa = min(block(V), 64)
-    with _stage(timer, "dA"):
+    with stage(timer, "dA"):
         last_launch["dA"] = launch(_dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR,
                                    BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
 
@@ -513,7 +490,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     BK = min(block(K), GRAD_BLOCK)
     dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
     dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
-    with _stage(timer, "intra dq, dk"):
+    with stage(timer, "intra dq, dk"):
         last_launch["intra"] = launch(
             _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp,
             dA, dqi, dki, T, H, K, C=C, c=c, BK=BK, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
@@ -521,14 +498,14 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
 
     # 4. dv
     if gate == DIM_GATE and A is None:
-        with _stage(timer, "recompute A"):
+        with stage(timer, "recompute A"):
             A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
     BKv, BVv = gated.blocks(K, V)
     # ptxas for sm_90 at K = V = 128, C = 64: float32 tiles of 64 rows spilled 7–14 KB of stack per
     # thread, 32 rows none; bf16 with 64 rows and 8 warps none (4 warps: 104 bytes, per-head gates)
     BRv = min(C, 32) if IEEE else BR
-    with _stage(timer, "dv"):
+    with stage(timer, "dv"):
         last_launch["dv"] = launch(
             _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BRv), B * H), q, k, bp, A if A is not None else q, do, dh,
             dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else 8, **common)
@@ -542,7 +519,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
         db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
         tot = torch.empty((B, NB, H, K), dtype=torch.float32, device=dev)
     BVq = min(block(V), GRAD_BLOCK)
-    with _stage(timer, "dq, dk"):
+    with stage(timer, "dq, dk"):
         # 8 warps: with 4, ptxas for sm_90 spilled 648 bytes per thread (bf16, K = 128, C = 64)
         last_launch["dqk"] = launch(
             _dqk_kernel, (triton.cdiv(K, BK), NB, B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk,
@@ -556,7 +533,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     # backward + forward on an H200 at T = 8192, B = 4, H = 16, K = 128.)
     dg = None
     if gate != NO_GATE:
-        with _stage(timer, "dg"):
+        with stage(timer, "dg"):
             carry = torch.zeros_like(tot)                               # [B, NB, H, K]
             carry[:, :-1] = tot.flip(1).cumsum(1).flip(1)[:, 1:]        # Σ over the blocks after each one
             if dsT is not None:
