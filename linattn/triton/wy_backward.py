@@ -17,11 +17,13 @@ G_i with i ≥ t and the chunk total G_C, gets dg_t = Σ_{i ≥ t} dG_i + dG_C.
 The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a [C, C] matrix M:
 - no gate or one gate per head: E is a [C, C] matrix, so they are plain dots of M ⊙ E;
 - per-dimension gates: E has a third axis, and e^{G_i − G_j} split at a reference token has one
-  factor ≥ 1 (overflow with log-gates of −20 per token). The kernel walks the columns j = C−1 … 0
-  and keeps the column E_{·j} for all rows: from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, so
+  factor ≥ 1 (overflow with log-gates of −20 per token). The row sums walk the columns j = C−1 … 0
+  and keep the column E_{·j} for all rows: from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, so
   no exponent is ever positive and no prefix sums are subtracted (the forward's `_diag_columns`,
-  for the whole chunk). O(C² K) work on the FMA units per chunk, no tensor cores: correct for any
-  gates; a split-dot fast path like the forward's `_diag_dot` is what is left to speed it up.
+  for the whole chunk); the column sums walk the rows the same way, each row adding a rank-one
+  tile (no sums across rows inside the loop). O(C² K) work on the FMA units per chunk, no tensor
+  cores: correct for any gates; a split-dot fast path like the forward's `_diag_dot` is what is
+  left to speed it up.
 
 One program per (K-block, chunk, head): everything is independent across key dimensions except
 the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
@@ -126,8 +128,8 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
     # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
     if GATE == 2:
-        Z, Zt, X, Y = _columns(kt, qt, bt, k + r0 * K, g + r0 * K, da + r0 * C, daqk + r0 * C,
-                               scale, n, T, H, K, C, BK, dk_)
+        Z, Zt, X, Y = _columns(kt, qt, bt, q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
+                               daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
     else:
         offc = r0 * C + row[:, None] * C + jc[None, :]                            # [C, C]
         Mq = tl.load(daqk + offc, mask=tm[:, None], other=0.0)
@@ -165,19 +167,21 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
 
 
 @triton.jit
-def _columns(kt, qt, bt, k, g, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.constexpr,
+def _columns(kt, qt, bt, q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.constexpr,
              BK: tl.constexpr, dk_):
-    """The score terms for per-dimension gates, column by column (j = C−1 … 0), keeping
-    E[i, d] = e^{G_id − G_jd} for rows i ≥ j (0 above): one exponential per key dim per column,
-    every exponent ≤ 0. k, g, da, daqk point at the chunk's row 0; column j of dA and dAqk is read
-    from memory, not pulled out of a register tile."""
+    """The score terms for per-dimension gates with decay tiles built one gate factor (≤ 1) at a
+    time, so every exponent is ≤ 0. q, k, g, beta, da, daqk point at the chunk's row 0.
+
+    Z and X (sums over columns j for each row i) walk the columns j = C−1 … 0 keeping
+    E[i, d] = e^{G_id − G_jd} for rows i ≥ j (0 above); column j of dA and dAqk is read from memory.
+    Zt and Y (sums over rows i for each column j) walk the rows i = 0 … C−1 keeping
+    F[j, d] = e^{G_id − G_jd} for columns j ≤ i (0 beyond): each row adds a rank-one tile, where a
+    column walk would need a sum across rows and a scatter into row j for every column."""
     jc = tl.arange(0, C)
     mkk = dk_ < K
     E = tl.zeros((C, BK), dtype=tl.float32)
     Z = tl.zeros((C, BK), dtype=tl.float32)
-    Zt = tl.zeros((C, BK), dtype=tl.float32)
     X = tl.zeros((C, BK), dtype=tl.float32)
-    Y = tl.zeros((C, BK), dtype=tl.float32)
     for c in range(C):
         j = C - 1 - c
         tj = n * C + j
@@ -191,8 +195,18 @@ def _columns(kt, qt, bt, k, g, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.
         Ek = E * kj[None, :]
         Z += mq[:, None] * Ek
         X += ma[:, None] * Ek
-        zt = tl.sum(mq[:, None] * E * qt, axis=0)                                  # [BK]
-        y = tl.sum((ma * bt)[:, None] * E * kt, axis=0)
-        Zt = tl.where(jc[:, None] == j, zt[None, :], Zt)
-        Y = tl.where(jc[:, None] == j, y[None, :], Y)
+    F = tl.zeros((C, BK), dtype=tl.float32)
+    Zt = tl.zeros((C, BK), dtype=tl.float32)
+    Y = tl.zeros((C, BK), dtype=tl.float32)
+    for i in range(C):
+        live = n * C + i < T
+        gi = tl.load(g + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)   # [BK] g_i
+        F = tl.where(jc[:, None] == i, 1.0, F * tl.exp(gi)[None, :])              # F_i, rows j ≤ i
+        qi = tl.load(q + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)   # [BK]
+        ki = tl.load(k + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)
+        bi = tl.load(beta + i * H, mask=live, other=0.0).to(tl.float32)
+        mq = tl.load(daqk + i * H * C + jc, mask=(jc <= i) & live, other=0.0) * scale     # [C] row i
+        ma = tl.load(da + i * H * C + jc, mask=(jc < i) & live, other=0.0)
+        Zt += mq[:, None] * qi[None, :] * F
+        Y += (bi * ma)[:, None] * ki[None, :] * F
     return Z, Zt, X, Y
