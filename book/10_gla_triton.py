@@ -425,7 +425,7 @@ Tx, series, kind = pick(cpu=series_recorded, gpu=series_live)()
 if not series:
     print(kind)
 else:
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(7, 4))
     bench.plot_times(ax, Tx, series, title=f"GLA forward, 32768 tokens, H = 16, K = V = 128, bf16\n{kind}")
     ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
     ax.xaxis.set_minor_locator(plt.NullLocator())

@@ -96,7 +96,6 @@ DEV = linattn.device.default_device()
 # | reverse pass | `_dstates_kernel` | (K-block, V-block, batch·head) | **yes** (last to first) |
 # | $dA = s\,dO\,V^\top$ | `_dA_kernel` | (row block of a chunk, batch·head) | no |
 # | intra $dq$, $dk$ | `_intra_grad_kernel` | (K-block, sub-chunk, batch·head) | no |
-# | recompute $A$ | `gated._intra_kernel` | (sub-chunk, chunk, batch·head) | no |
 # | $dv$ | `_dv_kernel` | (V-block, row block, batch·head) | no |
 # | $dq$, $dk$, $\partial L/\partial b$ summed per row block | `_dqk_kernel` | (K-block, row block, batch·head) | no |
 # | $dg$ | a reverse cumsum of the block totals (PyTorch), `_dg_kernel` | (K-block, row block, batch·head) | no |
@@ -196,8 +195,13 @@ assert testing.rel_err(ours["initial_state"], D0) < 1e-5
 #   at the *last token* of sub-chunk $i$, $dk_i = e^{r-b_i}\odot\sum_{i'>i} dA_{i'i}^\top(Q_{i'}\odot e^{b_{i'}-r})$.
 #   Either way one reference serves every tile a program sums, and every exponent is $\le 0$.
 # * **Diagonal tiles** have no point between their queries and keys; they are summed in float32
-#   by the forward's column walk (the decay column $E_s[t] = e^{b_t-b_s}$ updated from $E_{s+1}$
-#   with one exponential per key dimension).
+#   with decay tiles built one gate factor ($\le 1$) at a time. For $dq$ (a sum over columns $s$ for
+#   each row $t$) the forward's column walk: the decay column $E_s[t] = e^{b_t-b_s}$ from $E_{s+1}$
+#   with one exponential per key dimension. For $dk$ (a sum over rows $t$ for each column $s$) the
+#   same walk over rows, $F_t[s] = F_{t-1}[s]\,e^{g_t}$: each row adds the rank-one tile
+#   $dA_{t,\cdot}\otimes q_t \odot F_t$ to all of $dk$ at once, where walking columns would need a
+#   sum across the rows and a write into one row per column — on the GPU that version of the
+#   kernel took about twice as long.
 #
 # Given $dA$, each key dimension is independent of the others, so the kernel also splits $K$ into
 # blocks of 64 — its float32 tiles stay $c\times 64$ whatever $K$ is. $dA$ itself
@@ -423,7 +427,7 @@ def fwd_bwd_live():
 def fwd_bwd_recorded():
     if rec is None:
         return None
-    rows = [r for r in rec["train"]["rows"] if r["op"] == "gla"]
+    rows = sorted((r for r in rec["train"]["rows"] if r["op"] == "gla"), key=lambda r: r["T"])
     return ([r["T"] for r in rows], {"GLA (ours, Triton)": [r["triton"] for r in rows],
                                      "FLA chunk_gla": [r.get("fla") for r in rows],
                                      "SDPA causal (FlashAttention)": [r["sdpa"] for r in rows]},
@@ -435,13 +439,45 @@ if series is None:
     print("No recorded GPU run of the training benchmark yet (book/data/bench_train.json): no figure on a CPU.")
 else:
     Tx, ys, kind = series
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(7, 4))
     bench.plot_times(ax, Tx, ys, title=f"GLA forward + backward, 32768 tokens, H = 16, K = V = 128, bf16\n{kind}")
     ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_xlabel("sequence length T")
     fig.tight_layout()
     plt.show()
+
+# %% [markdown]
+# The whole recorded run — every operation, ours beside FLA 0.6.0 and SDPA, with the peak memory
+# of one forward + backward (MiB above what was allocated before the call) — reads as a table.
+# Where FLA refuses its backward on this toolchain (its gated backward for per-head gates, on
+# Hopper with Triton < 3.7.1) the table says so.
+
+# %%
+def train_table(rec):
+    cols = ["op", "T", "ours ms", "FLA ms", "ours/FLA", "SDPA ms", "ours/SDPA", "ours MiB", "FLA MiB"]
+    mib = lambda b: None if b is None else round(b / 2**20)
+    fla = lambda r: "refused" if "refused" in r.get("error_fla", "") else r.get("fla")
+    rows = [[r["op"], r["T"], r["triton"], fla(r), r.get("ratio_fla"), r["sdpa"], r.get("ratio_sdpa"), mib(r.get("mem_triton")), mib(r.get("mem_fla"))]
+            for r in sorted(rec["train"]["rows"], key=lambda r: (r["op"], r["T"]))]
+    return bench.markdown_table(cols, rows)
+
+
+if rec is None:
+    print("No recorded GPU run of the training benchmark yet (book/data/bench_train.json).")
+else:
+    print("Recorded run:", bench.run_label(rec["env"]), "\n")
+    print(train_table(rec))
+
+# %% [markdown]
+# Read it by family. Linear attention and GLA with per-dimension gates train within a few tens of
+# percent of FLA at every length; GLA's forward + backward costs the same at 1k as at 16k tokens
+# per sequence (the work per token is fixed), while SDPA's grows with $T$, so the lines cross
+# between 4k and 8k. GLA holds less memory than FLA's; linear attention a little more. The delta
+# rules are further behind (the backward stages of §7 show where: for KDA the per-dimension
+# gate stage, step 4 of §9, is most of the time — its diagonal terms walk all 64 columns of the
+# chunk on the FMA units, where FLA splits the chunk into 16-wide blocks and uses the tensor cores
+# off the diagonal, as our GLA kernels do).
 
 # %% [markdown]
 # ## 9. The delta rules
@@ -465,25 +501,28 @@ else:
 #    $dA = -(\mathcal T^\top dX)\,X^\top$ on the strict lower triangle (chapter 12, §6).
 # 4. **The chain rule through the decayed scores and gates** (`wy_backward.gate_stage`, a program
 #    per K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$, with exponents $\le 0$ as in
-#    the forward and the per-dimension gates walked column by column.
+#    the forward and the per-dimension gates' decay tiles built one factor at a time (walking the
+#    columns for the row sums, the rows for the column sums).
 #
 # Their tests are in `tests/test_triton_backward_delta.py`; the training benchmark of §8 times
 # them beside FLA's `chunk_delta_rule`, `chunk_gated_delta_rule` and `chunk_kda`.
 #
 # ## Summary
 #
-# * The Triton backward of GLA and linear attention is seven kernels: recompute the states (and,
-#   for per-dimension gates, the intra-chunk matrix $A$), a **reverse pass** over the state
-#   gradients, $dA = s\,dO\,V^\top$, the intra-chunk parts of $dq$, $dk$, then $dv$, then $dq$, $dk$
-#   with their state parts and $\partial L/\partial b$; one reverse cumulative sum gives $dg$.
+# * The Triton backward of GLA and linear attention is seven kernels: recompute the states (the
+#   forward's intra-chunk matrix $A$ and cumulated gates are kept), a **reverse pass** over the
+#   state gradients, $dA = s\,dO\,V^\top$, the intra-chunk parts of $dq$, $dk$, then $dv$, then
+#   $dq$, $dk$ with their state parts and $\partial L/\partial b$, then $dg$ as a reverse
+#   cumulative sum (within row blocks on chip, across blocks over their totals).
 # * Only the state recomputation and the reverse pass walk the chunks; their grid shrinks as
 #   sequences grow (64 programs at 32k tokens per sequence), everything else has a program per
 #   chunk.
 # * Gradient tiles use the forward's **secondary chunking** — off-diagonal tiles as matmuls with
 #   a reference point chosen so every exponent is $\le 0$ (before the sub-chunk for $dq$, at its
-#   last token for $dk$), diagonal tiles in float32 by the column walk.
+#   last token for $dk$), diagonal tiles in float32 with decay tiles built one gate factor at a
+#   time: a column walk for $dq$, a row walk (one rank-one tile per row) for $dk$.
 # * The gate gradient's sum runs to the **end of the sequence**, not of the chunk.
-# * `recompute=False` holds more memory between forward and backward for two kernels fewer.
+# * `recompute=False` holds the states between forward and backward as well, for one kernel fewer.
 #
 # **Workbook:** the algebra these kernels implement is exercised in `exercises/12_backward.py`
 # (closed-form gate gradient, reverse-time recurrence, chunkwise GLA backward).

@@ -309,9 +309,16 @@ def plot_times(ax, Ts, series: dict, *, title="", ylabel="ms"):
         pts = [(t, y) for t, y in zip(Ts, ys) if y is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=name)
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    # plain numbers on the time axis (2, 5, 10, 20 ms), not powers of ten
+    plain = FuncFormatter(lambda y, _: f"{y:g}")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
     ax.set_xlabel("sequence length T (B·T fixed)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
