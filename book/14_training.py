@@ -331,7 +331,8 @@ plt.tight_layout(); plt.show()
 #
 # `tools/mqar_gpu.py` trains all six models — softmax attention, linear attention, GLA, DeltaNet,
 # Gated DeltaNet and KDA — at width $d_{\text{model}} = 64$ with 2 heads and 2 layers, a vocabulary
-# of 512, 2000 steps of batch 128 at learning rate $3\cdot 10^{-3}$, one seed. It does so for two
+# of 512, 2000 steps of batch 128, one seed, at the learning rate each table lists (given several, a
+# table shows each model at its best one, as the published comparisons do). It does so for two
 # tasks: training lists of up to 32 pairs, and of up to 64. Each head of a recurrent layer then has
 # a $32 \times 32$ state, so the first task asks a head to keep about as many pairs as it has key
 # dimensions, the second twice as many. Every model is then tested on fresh sequences at the
@@ -349,15 +350,20 @@ else:
     env = rec["env"]
     print(f"recorded on {env['device']}, {env['date']}, torch {env['torch']}, triton {env['triton']}")
     print("config:", rec["config"])
-    tasks = {}                                         # most pairs in training -> its runs
+    best = {}                          # (pairs, model, d) -> the run with the best recall at n = pairs
     for r in rec["runs"]:
-        tasks.setdefault(r["pairs"], []).append(r)
+        key = (r["pairs"], r["model"], r["d_model"])
+        if key not in best or r["accuracy"][str(r["pairs"])] > best[key]["accuracy"][str(r["pairs"])]:
+            best[key] = r
+    tasks = {}                                         # most pairs in training -> its runs
+    for (pairs, _, _), r in best.items():
+        tasks.setdefault(pairs, []).append(r)
     for pairs, rs in sorted(tasks.items()):
         ns = rs[0]["test_pairs"]
         print(f"\nup to {pairs} pairs in training; recall accuracy on test sequences of n pairs:")
-        print(f"{'model':16s} {'d':>4s} {'state':>8s} " + " ".join(f"{'n=' + str(n):>7s}" for n in ns))
+        print(f"{'model':16s} {'d':>4s} {'lr':>7s} {'state':>8s} " + " ".join(f"{'n=' + str(n):>7s}" for n in ns))
         for r in rs:
-            print(f"{LABEL[r['model']]:16s} {r['d_model']:4d} {r['state_size']:8d} "
+            print(f"{LABEL[r['model']]:16s} {r['d_model']:4d} {r['lr']:7.0e} {r['state_size']:8d} "
                   + " ".join(f"{r['accuracy'][str(n)]:7.3f}" for n in ns))
 
 

@@ -1,5 +1,5 @@
-"""tools/mqar_gpu.py at toy size on the CPU: one file holds several tasks, --append keeps earlier runs
-and refuses a file made with other settings."""
+"""tools/mqar_gpu.py at toy size on the CPU: one file holds several tasks and learning rates, --append keeps
+earlier runs and refuses a file made with other settings."""
 import json
 import sys
 from pathlib import Path
@@ -15,13 +15,13 @@ TOY = ["--steps", "2", "--dims", "16", "--models", "linear", "--vocab", "16", "-
 def test_tasks_append_and_refuse_other_settings(tmp_path, capsys):
     out = tmp_path / "mqar.json"
     mqar_gpu.main(TOY + ["--pairs", "4", "--out", str(out)])
-    mqar_gpu.main(TOY + ["--pairs", "8", "--out", str(out), "--append"])
+    mqar_gpu.main(TOY + ["--pairs", "8", "--lr", "1e-3,1e-2", "--out", str(out), "--append"])
     rec = json.loads(out.read_text())
-    assert [r["pairs"] for r in rec["runs"]] == [4, 8]
+    assert [(r["pairs"], r["lr"]) for r in rec["runs"]] == [(4, 3e-3), (8, 1e-3), (8, 1e-2)]
     assert rec["runs"][0]["test_pairs"] == [1, 2, 4, 6, 8]             # up to twice the training list
     assert rec["runs"][1]["test_pairs"] == [1, 2, 4, 8]                # capped at vocab // 2 = 8
     assert set(rec["runs"][1]["accuracy"]) == {"1", "2", "4", "8"}
-    assert "pairs" not in rec["config"] and rec["env"]["date"]
+    assert "pairs" not in rec["config"] and "lr" not in rec["config"] and rec["env"]["date"]
     with pytest.raises(SystemExit, match="--batch|batch"):
         mqar_gpu.main(TOY[:-4] + ["--batch", "8", "--impl", "chunk", "--pairs", "4", "--out", str(out), "--append"])
-    assert len(json.loads(out.read_text())["runs"]) == 2              # the refused call wrote nothing
+    assert len(json.loads(out.read_text())["runs"]) == 3              # the refused call wrote nothing

@@ -9,6 +9,7 @@ measured for several numbers of pairs. The file holds the device, versions and d
     python tools/mqar_gpu.py --steps 300 --dims 64    # a quick look
     python tools/mqar_gpu.py --dims 64 --pairs 32 && python tools/mqar_gpu.py --dims 64 --pairs 64 --append
                                                       # split over two calls, one file
+    python tools/mqar_gpu.py --dims 64 --pairs 64 --lr 1e-3,1e-2 --append   # more learning rates
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", default="3e-3", help="learning rates (comma separated: a sweep; the published MQAR "
+                                              "comparisons report each model at its best)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--impl", default="auto", help="level the linear layers train through (auto: Triton on CUDA)")
     p.add_argument("--append", action="store_true",
@@ -50,7 +52,8 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dims = [int(x) for x in a.dims.split(",")]
     runs = _previous_runs(a) if a.append else []
-    for pairs, d, name in itertools.product([int(x) for x in a.pairs.split(",")], dims, a.models.split(",")):
+    lrs = [float(x) for x in a.lr.split(",")]
+    for pairs, d, name, lr in itertools.product([int(x) for x in a.pairs.split(",")], dims, a.models.split(","), lrs):
         # up to twice the longest training list: beyond it, whether a memory generalises
         test_pairs = sorted(n for n in {max(1, pairs // 8), pairs // 4, pairs // 2, pairs, 3 * pairs // 2,
                                         2 * pairs} if n <= a.vocab // 2)
@@ -59,19 +62,19 @@ def main(argv=None):
                                  **({} if name == "softmax" else {"impl": a.impl}))
         start = time.perf_counter()
         run = mqar.train(model, n_pairs=pairs, vocab=a.vocab, steps=a.steps, batch_size=a.batch,
-                         lr=a.lr, seed=a.seed, device=device, name=f"{name} d={d}")
+                         lr=lr, seed=a.seed, device=device, name=f"{name} d={d} lr={lr:g}")
         acc = {str(n): mqar.accuracy(model, n, a.vocab, device=device) for n in test_pairs}
-        runs.append({"model": name, "d_model": d, "pairs": pairs, "test_pairs": test_pairs,
+        runs.append({"model": name, "d_model": d, "pairs": pairs, "lr": lr, "test_pairs": test_pairs,
                      "state_size": run.state_size, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1),
                      "losses": [round(x, 4) for x in run.losses[:: max(1, a.steps // 200)]]})
-        print(f"{name:15s} d={d:4d} pairs={pairs:3d} state={run.state_size:7d} acc={acc} "
+        print(f"{name:15s} d={d:4d} pairs={pairs:3d} lr={lr:g} state={run.state_size:7d} acc={acc} "
               f"{runs[-1]['seconds']} s", flush=True)
         _save(a, device, runs)                                   # keep what is done if cut off
 
 
 def _config(a) -> dict:
-    """What every run of one file shares (the number of pairs and the width vary per run)."""
-    return {k: getattr(a, k) for k in ("heads", "layers", "vocab", "steps", "batch", "lr", "seed")}
+    """What every run of one file shares (the number of pairs, the width and the learning rate vary per run)."""
+    return {k: getattr(a, k) for k in ("heads", "layers", "vocab", "steps", "batch", "seed")}
 
 
 def _previous_runs(a) -> list:
