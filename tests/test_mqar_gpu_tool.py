@@ -12,7 +12,7 @@ import mqar_gpu  # noqa: E402
 TOY = ["--steps", "2", "--dims", "16", "--models", "linear", "--vocab", "16", "--batch", "4", "--impl", "chunk"]
 
 
-def test_tasks_append_and_refuse_other_settings(tmp_path, capsys):
+def test_tasks_append_and_refuse_other_settings(tmp_path):
     out = tmp_path / "mqar.json"
     mqar_gpu.main(TOY + ["--pairs", "4", "--out", str(out)])
     mqar_gpu.main(TOY + ["--pairs", "8", "--lr", "1e-3,1e-2", "--out", str(out), "--append"])
