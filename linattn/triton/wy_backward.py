@@ -128,8 +128,8 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
     # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
     if GATE == 2:
-        Z, Zt, X, Y = _columns(kt, qt, bt, q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
-                               daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
+        Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C, daqk + r0 * C,
+                               scale, n, T, H, K, C, BK, dk_)
     else:
         offc = r0 * C + row[:, None] * C + jc[None, :]                            # [C, C]
         Mq = tl.load(daqk + offc, mask=tm[:, None], other=0.0)
@@ -167,8 +167,8 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
 
 
 @triton.jit
-def _columns(kt, qt, bt, q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.constexpr,
-             BK: tl.constexpr, dk_):
+def _columns(q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+             dk_):
     """The score terms for per-dimension gates with decay tiles built one gate factor (≤ 1) at a
     time, so every exponent is ≤ 0. q, k, g, beta, da, daqk point at the chunk's row 0.
 
