@@ -83,6 +83,16 @@ def test_long_chunks(shape, gate, mode, dtype):
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
 
 
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("shape", LONG_CHUNKS, ids=str)
+def test_long_chunks_strong_per_head_gates(shape, mode):
+    """Per-head gates' chunk sums (b across row blocks, the state step's suffix sums r) under
+    log-gates down to −20 per step, with an initial and a final state and a short last chunk."""
+    B, T, H, K, V, C, c = shape
+    args = inputs(B, T, H + 1, K, V, gate="per_head", strength="strong", seed=C + 1)   # several heads
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
+
+
 @pytest.mark.parametrize("gate", ["per_dim", "per_head"])
 def test_wide_heads(gate):
     B, T, H, K, V, C, c = WIDE

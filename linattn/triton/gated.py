@@ -9,9 +9,10 @@ chunk, float32) and S the state before the chunk:
     S_new = diag(e^{b_last}) S + Σ_s (k_s ⊙ e^{b_last − b_s})ᵀ v_s
 Every exponent is a sum of log-gates over a stretch of tokens (b, or b_t − b_s with t ≥ s), so
 every factor is ≤ 1: nothing overflows however strong the gates are; tiny products underflow to
-0, which is what they are. Per-head gates ([C] per chunk) are summed inside every kernel that
-loads them; per-dimension gates are summed once by _local_cumsum_kernel into b [B,T,H,K], which
-the later kernels read (see `forward` for what was measured).
+0, which is what they are. The gates are summed once, by _local_cumsum_kernel, into b (float32,
+shaped like g), which the later kernels read (see `forward` for what was measured). For per-head
+gates the same launch also writes r_s = b_last − b_s [B,T,H] (the gates after s in its chunk),
+the state step's key decay: no scan is left in the sequential chunk loop.
 
 The intra-chunk term for per-dimension gates cannot be one matmul (the decay sits inside the sum
 over k). Secondary chunking (_intra_kernel) splits the chunk into sub-chunks of c tokens:
@@ -74,47 +75,54 @@ NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
 @triton.jit
-def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
-    # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
+def _local_cumsum_kernel(g, b, r, T, W, C: tl.constexpr, BW: tl.constexpr, SUFFIX: tl.constexpr):
+    # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens;
+    # with SUFFIX also r = the sum of the gates after each token within its chunk (b_last − b).
     i_w, i_n, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    rows = i_n * C + tl.arange(0, C)
+    idx = tl.arange(0, C)
+    rows = i_n * C + idx
     cols = i_w * BW + tl.arange(0, BW)
-    mask = (rows < T)[:, None] & (cols < W)[None, :]
+    cmask = cols < W
+    mask = (rows < T)[:, None] & cmask[None, :]
     offs = i_b * T * W + rows[:, None] * W + cols[None, :]
     x = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)       # [C, BW]
     tl.store(b + offs, tl.cumsum(x, axis=0), mask=mask)
+    if SUFFIX:
+        # The gates one row down (g_{s+1}; 0 past the chunk or T) summed from the end, not b_last − b:
+        # exactly 0 on the last row, ≤ 0, and its rounding error stays proportional to itself (a
+        # difference of prefix sums carries the error of b_last, large next to a small r under
+        # strong gates).
+        nxt = ((idx < C - 1) & (rows + 1 < T))[:, None] & cmask[None, :]
+        x_next = tl.load(g + offs + W, mask=nxt, other=0.0).to(tl.float32)       # [C, BW]
+        tl.store(r + offs, tl.cumsum(x_next, axis=0, reverse=True), mask=mask)
 
 
 @triton.jit
-def _state_step(S, k_base, v_base, gate_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
+def _state_step(S, k_base, v_base, gate_base, r_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
                 C: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
     """The state after the chunk starting at t0, from S (the state before it). S: [BK, BV] float32.
 
-    gate_base: the cumulated gates b for per-dimension gates, the raw gates g for per-head ones.
+    gate_base: the cumulated gates b; r_base: for per-head gates, the gates after each token in
+    its chunk (`local_sums`), so the step only loads and multiplies.
     """
     rows = t0 + tl.arange(0, C)
     rmask = rows < T
     kmask = offs_k < K
+    last = tl.minimum(t0 + C, T) - 1                                                 # last token of the chunk
     k = tl.load(k_base + rows[:, None] * s_k + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
                 other=0.0).to(COMPUTE)                                              # [C, BK]
     v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
                 mask=rmask[:, None] & (offs_v < V)[None, :], other=0.0).to(COMPUTE)   # [C, BV]
     if GATE == 2:
-        last = tl.minimum(t0 + C, T) - 1                                             # last token of the chunk
         b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
                     other=0.0)                                                       # [C, BK]
         b_last = tl.load(gate_base + last * s_gate + offs_k, mask=kmask, other=0.0)  # [BK]
         k = (k * tl.exp(b_last[None, :] - b)).to(COMPUTE)    # key decayed to the chunk end (≤ 1)
         S = S * tl.exp(b_last)[:, None]
     elif GATE == 1:
-        # b_last − b_s, the gates after s in the chunk: the gates one row down (g_{s+1}; 0 past the
-        # chunk or T) summed from the end. Exactly 0 on the last row, ≤ 0, and its rounding error
-        # stays proportional to itself (a difference of prefix sums carries the error of b_last).
-        nxt = (tl.arange(0, C) < C - 1) & (rows + 1 < T)
-        g = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)                # [C]
-        g_next = tl.load(gate_base + (rows + 1) * s_gate, mask=nxt, other=0.0)       # [C]
-        k = (k * tl.exp(tl.cumsum(g_next, 0, reverse=True))[:, None]).to(COMPUTE)
-        S = S * tl.exp(tl.sum(g, 0))
+        r = tl.load(r_base + rows * s_gate, mask=rmask, other=0.0)                   # [C], b_last − b ≤ 0
+        k = (k * tl.exp(r)[:, None]).to(COMPUTE)             # key decayed to the chunk end (≤ 1)
+        S = S * tl.exp(tl.load(gate_base + last * s_gate))   # b_last: Σ of the chunk's gates
     return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
 
 
@@ -180,16 +188,9 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
 
 
 @triton.jit
-def _prefix(gate_base, t0, n, T, s_gate, C: tl.constexpr):
-    """Σ of the per-head gates of the first n tokens of the chunk starting at t0 (a scalar)."""
-    idx = tl.arange(0, C)
-    return tl.sum(tl.load(gate_base + (t0 + idx) * s_gate, mask=(idx < n) & (t0 + idx < T), other=0.0), 0)
-
-
-@triton.jit
 def _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k, s_v, s_gate,
-              s_a, offs_v, C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-              COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+              s_a, offs_v, BR: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
+              IEEE: tl.constexpr):
     """A[rows, cols] V[cols] for the BR columns of the chunk from c0 on ([BR, BV], float32)."""
     offs_k = tl.arange(0, BK)
     cols = t0 + c0 + tl.arange(0, BR)
@@ -206,9 +207,7 @@ def _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T,
         A = dot(q, tl.trans(k), IEEE)                                                           # [BR, BR]
         if GATE == 1:
             # a per-head decay leaves the sum over k: one matmul times a decay mask
-            b_c = tl.cumsum(tl.load(gate_base + cols * s_gate, mask=cmask, other=0.0), 0)       # [BR]
-            if C > BR:
-                b_c += _prefix(gate_base, t0, c0, T, s_gate, C)
+            b_c = tl.load(gate_base + cols * s_gate, mask=cmask, other=0.0)                     # [BR]
             A = A * tl.exp(tl.minimum(b_r[:, None] - b_c[None, :], 0.0))
     A = tl.where(rows[:, None] >= cols[None, :], A, 0.0)   # a select, not a product: unwritten entries never leak
     return dot(A.to(COMPUTE), v, IEEE)
@@ -241,47 +240,48 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, 
         b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=m_qk, other=0.0)     # [BR, BK]
         acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                                            # [BR, BV]
     elif GATE == 1:
-        b_r = tl.cumsum(tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0), 0)               # [BR]
-        if C > BR:
-            b_r += _prefix(gate_base, t0, r0, T, s_gate, C)
+        b_r = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)                             # [BR]
         acc = dot((q * tl.exp(b_r)[:, None]).to(COMPUTE), Sc, IEEE)
     else:
         acc = dot(q, Sc, IEEE)
     if C == BR:
         acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, 0, T, K, V, s_k, s_v,
-                         s_gate, s_a, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
+                         s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE)
     else:
         for c0 in range(0, r0 + BR, BR):                      # column blocks up to the diagonal
             acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k,
-                             s_v, s_gate, s_a, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
+                             s_v, s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE)
     tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
              (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & (offs_v < V)[None, :])
 
 
 @triton.jit
-def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
-    # Pointers to (batch i_b, head i_h, token 0) of each [B, T, H, *] tensor, and the gate's row stride.
+def _bases(q, k, v, gate, r, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
+    # Pointers to (batch i_b, head i_h, token 0) of each [B, T, H, *] tensor, and the gate's row
+    # stride; r, the per-head suffix sums [B, T, H], is read only with per-head gates (stride H).
     q_base = q + i_b * T * H * K + i_h * K
     k_base = k + i_b * T * H * K + i_h * K
     v_base = v + i_b * T * H * V + i_h * V
     o_base = o + i_b * T * H * V + i_h * V
+    r_base = r + i_b * T * H + i_h
     if GATE == 2:
         gate_base = gate + i_b * T * H * K + i_h * K
         s_gate = H * K
     else:
         gate_base = gate + i_b * T * H + i_h
         s_gate = H
-    return q_base, k_base, v_base, o_base, gate_base, s_gate
+    return q_base, k_base, v_base, o_base, gate_base, r_base, s_gate
 
 
 @triton.jit
-def _states_kernel(k, v, gate, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
+def _states_kernel(k, v, gate, gate_r, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                    HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    _, k_base, v_base, _, gate_base, s_gate = _bases(k, k, v, gate, v, i_b, i_h, T, H, K, V, GATE)
+    _, k_base, v_base, _, gate_base, r_base, s_gate = _bases(k, k, v, gate, gate_r, v, i_b, i_h, T, H, K, V,
+                                                             GATE)
     offs_k = i_k * BK + tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -292,8 +292,8 @@ def _states_kernel(k, v, gate, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: t
         S = tl.zeros([BK, BV], dtype=tl.float32)
     for n in range(NT):
         tl.store(h + (i_bh * NT + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
-        S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v, K, V,
-                        C, GATE, COMPUTE, IEEE)
+        S = _state_step(S, k_base, v_base, gate_base, r_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+                        K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
@@ -306,7 +306,8 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
     i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
-    q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
+    q_base, k_base, v_base, o_base, gate_base, _, s_gate = _bases(q, k, v, gate, gate, o, i_b, i_h, T, H, K, V,
+                                                                   GATE)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -318,13 +319,14 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
 
 
 @triton.jit
-def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
+def _fused_kernel(q, k, v, gate, gate_r, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
+    q_base, k_base, v_base, o_base, gate_base, r_base, s_gate = _bases(q, k, v, gate, gate_r, o, i_b, i_h, T, H,
+                                                                        K, V, GATE)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -338,20 +340,34 @@ def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.cons
         for r in tl.static_range(C // BR):
             _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
                           H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
-        S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v, K, V,
-                        C, GATE, COMPUTE, IEEE)
+        S = _state_step(S, k_base, v_base, gate_base, r_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+                        K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
 
-def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
+def local_sums(g: torch.Tensor, chunk_size: int, *, suffix: bool = False):
+    """(b, r), float32 and shaped like g, in one launch: b the cumulative log-gates restarting at
+    every chunk (module docstring); r (None unless suffix) the sum of the gates after each token
+    within its chunk, b_last − b, 0 on every chunk's last token."""
     B, T = g.shape[:2]
     W = g[0, 0].numel()
     b = torch.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
+    r = torch.empty_like(b) if suffix else None
     BW = min(block(W), max(16, 8192 // chunk_size))
-    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
-    return b
+    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](
+        g, b, b if r is None else r, T, W, chunk_size, BW, SUFFIX=suffix)
+    return b, r
+
+
+def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
+    return local_sums(g, chunk_size)[0]
+
+
+def gate_sums(g, chunk_size: int):
+    """(b, r) as the kernels read them: (None, None) without gates, r only for per-head gates."""
+    return (None, None) if g is None else local_sums(g, chunk_size, suffix=g.dim() == 3)
 
 
 def blocks(K: int, V: int):
@@ -401,6 +417,11 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     output kernel instead is slower: 3.24 ms on an H200 (T = 1024, bf16, K = V = 128) against
     1.88 ms for this pipeline (docs/perf_notes.md; its state pass alone took 0.69 ms there), so
     the work stays split into separate kernels.
+
+    Per-head gates are summed by one launch too (b and the suffix sums r, `local_sums`). Scanning
+    them inside the sequential chunk loop put 27 barriers and 21 shuffles per chunk in it (sm_90)
+    against 17 and 0, and the per-head states path took 0.69 / 1.07 ms at T = 16k / 32k on an
+    H200 against 0.53 / 0.71 ms with the gates summed beforehand.
     """
     check_kernel_inputs(q)
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
@@ -412,13 +433,11 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
     mode = choose_mode(mode, gate, B, H, K, V)
-    # the gate pointer the kernels read: b for per-dimension gates, g itself for per-head ones
-    gates = {NO_GATE: q, HEAD_GATE: g}.get(gate)      # q: an unused pointer when there is no gate
-    if gate == DIM_GATE:
-        gates = local_cumsum(g, C)
-    a = intra_attention(q, k, g, d, C, c, b=gates) if gate == DIM_GATE else q
+    b, r = gate_sums(g, C)
+    gates, gates_r = q if b is None else b, q if r is None else r    # q: an unused pointer
+    a = intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else q
     if keep is not None and gate == DIM_GATE:
-        keep.update(b=gates, A=a)
+        keep.update(b=b, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
@@ -426,7 +445,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
         BK, BV = blocks(K, V)
         try:
             last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
-                q, k, v, gates, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
+                q, k, v, gates, gates_r, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
                 NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
                 num_warps=4, num_stages=FUSED_STAGES, **common)
             ran["mode"] = "fused"
@@ -438,7 +457,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
             ran["mode"] = f"states (fused did not fit: {str(e).split('.')[0]})"
     else:
         ran["mode"] = mode
-    h, _ = chunk_states(k, v, g, d, b=gates if gate == DIM_GATE else None, s0=s0, sT=sT, chunk_size=C)
+    h, _ = chunk_states(k, v, g, d, b=b, r=r, s0=s0, sT=sT, chunk_size=C)
     BK, BV = output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
     last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
@@ -465,10 +484,10 @@ def intra_attention(q, k, g, d, C, c, *, b=None):
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
+def chunk_states(k, v, g, d, *, b=None, r=None, s0=None, sT=None, chunk_size=64):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
-    or [B,T,H,K]). Per-dimension gates are cumulated first (`local_cumsum`) unless b is given;
-    per-head gates are summed inside the kernel.
+    or [B,T,H,K]). The gates are summed first (`local_sums`: b, and r for per-head gates) unless
+    given.
 
     Stored in the dtype the output kernel multiplies it in (the input's natively, float32 under
     the interpreter or for float32 inputs). Also the inter-chunk half of the work, timed alone in
@@ -477,8 +496,8 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
     k, v, g = contiguous(k, v, g)
-    if gate == DIM_GATE:
-        g = local_cumsum(g, C) if b is None else b
+    if b is None or (gate == HEAD_GATE and r is None):
+        b, r = gate_sums(g, C)
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
@@ -486,8 +505,8 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)   # every entry written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),
-        k, v, k if g is None else g, h, s0 if s0 is not None else k, sT if sT is not None else k,
-        T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
+        k, v, k if b is None else b, k if r is None else r, h, s0 if s0 is not None else k,
+        sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
         HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4)
     return h, sT
 
