@@ -134,9 +134,10 @@ def test_block_and_mode_rules(monkeypatch):
     assert gated.output_blocks(256, 256, gated.NO_GATE, ieee=False) == (256, 64)
     assert gated.output_blocks(128, 128, gated.DIM_GATE, ieee=False) == (128, 64)
     monkeypatch.setattr(gated, "num_sms", lambda: 132)
-    for gate in (gated.NO_GATE, gated.HEAD_GATE):
-        assert gated.choose_mode("auto", gate, 4, 16, 128, 128) == "fused"    # T = 8k: 128 programs
-        assert gated.choose_mode("auto", gate, 2, 16, 128, 128) == "states"   # T = 16k: 64 programs
+    assert gated.choose_mode("auto", gated.NO_GATE, 4, 16, 128, 128) == "fused"     # T = 8k: 128 programs
+    assert gated.choose_mode("auto", gated.NO_GATE, 2, 16, 128, 128) == "states"    # T = 16k: 64 programs
+    assert gated.choose_mode("auto", gated.HEAD_GATE, 8, 16, 128, 128) == "fused"   # T = 4k: 256 programs
+    assert gated.choose_mode("auto", gated.HEAD_GATE, 4, 16, 128, 128) == "states"  # T = 8k: 128 programs
     assert gated.choose_mode("auto", gated.DIM_GATE, 32, 16, 128, 128) == "states"
 
 

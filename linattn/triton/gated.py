@@ -399,12 +399,14 @@ def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int) -> str:
         # 2.06 ms for T ≤ 8192, and fused slower still beyond.
         return "states"
     # Linear attention on an H200 (bf16, K = V = 128): fused 0.27–0.29 ms up to T = 8192
-    # (128 programs on 132 SMs) against states 0.41 ms there; states ahead from T = 16384
-    # (64 programs: 0.45 against 0.53 ms). Per-head gates at T = 1024: fused 0.32 ms, states
-    # 0.47 ms (longer T not measured for this case: the same rule is assumed). So fused while its
-    # grid has more programs than half the SMs: the state stays on chip and no SM sits idle.
+    # (128 programs on 132 SMs) against states 0.35–0.41 ms there; states ahead from T = 16384
+    # (64 programs: 0.39 against 0.52 ms). So fused while its grid has more programs than half the
+    # SMs: the state stays on chip and no SM sits idle. A per-head gate makes each fused program
+    # longer: at T = 8192 (128 programs) fused took 0.57 ms against states 0.47, while at T ≤ 4096
+    # (≥ 256 programs) fused is the faster (0.30–0.34 ms against 0.41 at 1024), so it needs a grid
+    # of more programs than SMs.
     programs = B * H * triton.cdiv(V, blocks(K, V)[1])
-    return "fused" if programs > num_sms() // 2 else "states"
+    return "fused" if programs > (num_sms() if gate == HEAD_GATE else num_sms() // 2) else "states"
 
 
 def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, keep=None):
@@ -418,10 +420,10 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     1.88 ms for this pipeline (docs/perf_notes.md; its state pass alone took 0.69 ms there), so
     the work stays split into separate kernels.
 
-    Per-head gates are summed by one launch too (b and the suffix sums r, `local_sums`). Scanning
-    them inside the sequential chunk loop put 27 barriers and 21 shuffles per chunk in it (sm_90)
-    against 17 and 0, and the per-head states path took 0.69 / 1.07 ms at T = 16k / 32k on an
-    H200 against 0.53 / 0.71 ms with the gates summed beforehand.
+    Per-head gates are summed by one launch too (b and the suffix sums r, `local_sums`): scanning
+    them inside the sequential chunk loop put 27 barriers and 21 shuffles per chunk on its critical
+    path (sm_90) against 17 and 0. On an H200 (bf16, K = V = 128) the per-head states path took
+    0.69 / 1.07 ms at T = 16k / 32k with the scans in the loop, 0.60 / 0.88 ms with this launch.
     """
     check_kernel_inputs(q)
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
