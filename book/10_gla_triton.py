@@ -303,8 +303,9 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # traffic — and its sequential pass does one matmul per chunk instead of four. So the model says:
 # fused for many short sequences, states for few long ones. `mode="auto"` follows what was
 # measured rather than the model alone (`gated.choose_mode`, with the numbers in its comments):
-# for linear attention and per-head gates fused while its grid has more programs than half the
-# multiprocessors, for per-dimension gates always states.
+# for linear attention fused while its grid has more programs than half the multiprocessors; for
+# per-head gates, whose fused program does more per chunk, only while it has more programs than
+# multiprocessors; for per-dimension gates always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
 # shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`; its
@@ -382,10 +383,12 @@ else:
 #   H200 has with Triton's default three pipeline stages (it runs with two), which leaves little
 #   room for a second program per multiprocessor to hide latency.
 # * **Scalar-gate GLA** (`simple_gla`, per-head gates) is close to linear attention while the grid
-#   is full; at long $T$ both of its modes are slower than linear attention's. The per-head gate
-#   is summed inside the state and output kernels; `docs/perf_notes.md` lists what compiling these
-#   kernels for sm_90 shows (a reverse scan and barriers in the state loop, a small register spill
-#   in the 128-wide output kernel), candidates for that gap.
+#   is full, and fused wins there; once the fused grid has no more programs than multiprocessors,
+#   states is faster, earlier than for linear attention, because each fused program also applies
+#   the decays. At long $T$ both modes are slower than linear attention's. The gate sums (cumulative
+#   $b$ and the suffix sums of the state step) come from one small launch before the chunk
+#   kernels, so no scan sits in the sequential state loop. The gap left at long $T$ is not profiled
+#   yet; the likely part is the state pass with few programs, as for linear attention.
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$.
 #   Linear attention meets it at most lengths (the lines above list them); GLA, whose per-dimension gates need
 #   the float32 intra-chunk matrix, is slower than FLA's `chunk_gla` at every length in this run.
