@@ -370,10 +370,11 @@ else:
 # %%
 def plot_task(ax, pairs, rs):
     """Recall against the number of pairs in the test sequence, one line per model."""
-    widths = {r["d_model"] for r in rs}
+    widths, lrs = {r["d_model"] for r in rs}, {r["lr"] for r in rs}
     for r in rs:
         ns = r["test_pairs"]
-        name = LABEL[r["model"]] + (f", d={r['d_model']}" if len(widths) > 1 else "")
+        name = (LABEL[r["model"]] + (f", d={r['d_model']}" if len(widths) > 1 else "")
+                + (f", lr {r['lr']:.0e}" if len(lrs) > 1 else ""))
         ax.plot(ns, [r["accuracy"][str(n)] for n in ns], marker="o", ms=4, label=name)
     ax.axvline(pairs, color="grey", ls=":", label="longest training list")
     state = max(r["state_size"] for r in rs if r["model"] != "softmax")
