@@ -109,7 +109,7 @@ def test_final_state_only_when_asked():
     assert chunk.delta_rule(**b)[1] is None and naive.delta_rule(**b)[1] is None
 
 
-@pytest.mark.parametrize("C", [1, 2, 5, 16])
+@pytest.mark.parametrize("C", [1, 2, 5, 16, 37, 64])   # 37, 64: several block rows, a partial last one
 def test_unit_lower_inverse(C):
     gen = torch.Generator().manual_seed(C)
     A = torch.randn(3, C, C, generator=gen, dtype=torch.float64).tril(-1) / C

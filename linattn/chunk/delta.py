@@ -297,8 +297,9 @@ def unit_lower_inverse(A, block=SUB):
 
     Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too.
     The diagonal blocks of `block` rows are inverted that way, row by row; then, block row after
-    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once (i + 1 matmuls for
-    block row i). Out of place (rows are collected and concatenated), so autograd can differentiate it.
+    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once: two matmuls for block
+    row i, (A_i,<r X_<r) with the r rows above it, then X_ii times that. Out of place (rows are
+    collected and concatenated), so autograd can differentiate it.
     """
     C = A.shape[-1]
     nb = -(-C // block)
@@ -313,21 +314,24 @@ def unit_lower_inverse(A, block=SUB):
         r = i * block
         parts = [D[..., i, :, :], A.new_zeros(A.shape[:-2] + (block, (nb - i - 1) * block))]
         if i:
-            AX = sum(blocks[..., i, :, m * block:(m + 1) * block] @ rows[m][..., :r]
-                     for m in range(i))                                # Σ_m A_im X_m [.., b, r]
-            parts.insert(0, -D[..., i, :, :] @ AX)
+            above = torch.cat(rows, -2)[..., :r]                       # X_<r [.., r, r]
+            parts.insert(0, -D[..., i, :, :] @ (blocks[..., i, :, :r] @ above))
         rows.append(torch.cat(parts, -1))
     return torch.cat(rows, -2)[..., :C, :C]
 
 
 def _substitute(A):
-    """(I + A)⁻¹ row by row for a small strictly lower-triangular A [.., c, c]."""
+    """(I + A)⁻¹ row by row for a small strictly lower-triangular A [.., c, c].
+
+    Row i is e_i minus a weighted sum of the rows above, written as products and a sum: as a
+    batched (1 × i)(i × c) matmul it would cost more in per-matrix overhead than in arithmetic.
+    """
     C = A.shape[-1]
     eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape)
     rows = [eye[..., 0, :]]                                            # [.., C] each
     for i in range(1, C):
         above = torch.stack(rows, -2)                                  # [.., i, C]
-        rows.append(eye[..., i, :] - (A[..., i:i + 1, :i] @ above[..., :i, :]).squeeze(-2))
+        rows.append(eye[..., i, :] - (A[..., i, :i, None] * above).sum(-2))
     return torch.stack(rows, -2)
 
 
