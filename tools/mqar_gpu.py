@@ -88,10 +88,14 @@ def _previous_runs(a) -> list:
 
 
 def _save(a, device, runs):
+    write_record(a.out, device, runs, config=_config(a))
+
+
+def write_record(path, device, runs, **fields):
+    """Write a recorded run: device, versions and date (no FLA: these runs do not use it), runs."""
     env = bench.environment()
     env.pop("fla", None)
-    out = {"env": env, "device": device, "config": _config(a), "runs": runs}
-    Path(a.out).write_text(json.dumps(out, indent=1))
+    Path(path).write_text(json.dumps({"env": env, "device": device, **fields, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

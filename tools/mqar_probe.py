@@ -26,8 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linattn import bench, mqar  # noqa: E402
+from linattn import mqar  # noqa: E402
 from linattn.validate import InputError  # noqa: E402
+from mqar_gpu import write_record  # noqa: E402  (tools/, beside this script)
 
 def set_gates(model, variant: str):
     """Change every block's forget gate in place as `variant` says (see the module docstring)."""
@@ -35,7 +36,7 @@ def set_gates(model, variant: str):
         gate = getattr(block.mixer, "gate", None)
         if gate is None:
             raise InputError(f"--model {model.mixer_name!r} has no forget gate to probe")
-        last = gate.proj[-1] if gate.per_dim else gate.proj
+        last = gate.out_layer
         if variant == "fixed":
             torch.nn.init.zeros_(last.weight)
             torch.nn.init.constant_(last.bias, 40.0)        # logsigmoid(40)/16 ≈ −3e-19: α = 1 in float32
@@ -81,9 +82,7 @@ def main(argv=None):
                      "batch": a.batch, "lr": a.lr, "seed": a.seed, "accuracy": acc,
                      "seconds": round(time.perf_counter() - start, 1)})
         print(f"{a.model} gates={variant:9s} steps={a.steps} lr={a.lr:g} seed={a.seed} acc={acc}", flush=True)
-        env = bench.environment()
-        env.pop("fla", None)
-        out.write_text(json.dumps({"env": env, "device": device, "runs": runs}, indent=1))
+        write_record(out, device, runs)                               # keep what is done if cut off
 
 
 if __name__ == "__main__":

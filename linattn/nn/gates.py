@@ -41,7 +41,12 @@ class LogGate(nn.Module):
         # Low rank for the per-dimension gate (the paper's W₁W₂); a per-head gate is small already.
         self.proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, out)) \
             if per_dim else nn.Linear(d_model, out)
-        nn.init.constant_(self.proj[-1].bias if per_dim else self.proj.bias, GATE_BIAS)
+        nn.init.constant_(self.out_layer.bias, GATE_BIAS)
+
+    @property
+    def out_layer(self) -> nn.Linear:
+        """The linear layer whose output is the gate pre-activation z (its bias sets α at the start)."""
+        return self.proj[-1] if self.per_dim else self.proj
 
     def forward(self, x):
         z = self.proj(x)                                              # [B, T, H·K] or [B, T, H]
