@@ -179,7 +179,9 @@ def backward_stages(op: str, T: int, *, runs: int = 5, **size) -> dict:
     if beta is None:
         d = check_inputs(q, k, v, g=g, gate=g is not None)
         kw, kept = dict(chunk_size=64, sub_chunk_size=16), {}
-        gated.forward(q, k, v, g, d, initial_state=None, output_final_state=False, mode="auto", keep=kept, **kw)
+        if g is not None and g.dim() == 4:                    # only per-dimension gates keep A and b
+            gated.forward(q, k, v, g, d, initial_state=None, output_final_state=False, mode="auto", keep=kept,
+                          **kw)
 
         def run(timer):
             gated_backward.backward(do, None, q, k, v, g, None, None, d, A=kept.get("A"), b=kept.get("b"),
