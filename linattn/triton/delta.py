@@ -220,6 +220,11 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
     S = tl.zeros((BK, BV), dtype=tl.float32)                                     # [BK, BV]
     if HAS_H0:
         S = tl.load(h0 + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], mask=ms, other=0.0)
+    # The decay e^{G_C} of chunk n is loaded one chunk ahead: a load waited on in the same
+    # iteration (it feeds no dot operand, so the pipeliner leaves it alone) stalls every step.
+    dl_n = tl.zeros((BK,), dtype=tl.float32)                                     # [BK]
+    if GATE > 0:
+        dl_n = tl.load(dl + bh.to(tl.int64) * NT * K + dk, mask=dk < K, other=0.0)
     for n in range(NT):
         # the state entering chunk n, for the output stage
         hn = hs + (bh.to(tl.int64) * NT + n) * K * V
@@ -239,7 +244,8 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         # K ⊙ e^{G_C − G} (just K for DeltaNet) and the decay e^{G_C} across the chunk, from stage 1
         kt = tl.load(kd + r0 * K + (row[:, None] * K + dk[None, :]), mask=mk, other=0.0).to(tl.float32)
         if GATE > 0:
-            S = S * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
+            S = S * dl_n[:, None]
+            dl_n = tl.load(dl + (bh.to(tl.int64) * NT + n + 1) * K + dk, mask=(dk < K) & (n + 1 < NT), other=0.0)
         S += _mm(tl.trans(kt), Vt, DT, IEEE)                                      # [BK, BV]
     if STORE_HT:
         tl.store(ht + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], S, mask=ms)

@@ -10,9 +10,8 @@ chunk, float32) and S the state before the chunk:
 Every exponent is a sum of log-gates over a stretch of tokens (b, or b_t − b_s with t ≥ s), so
 every factor is ≤ 1: nothing overflows however strong the gates are; tiny products underflow to
 0, which is what they are. The gates are summed once, by _local_cumsum_kernel, into b (float32,
-shaped like g), which the later kernels read (see `forward` for what was measured). For per-head
-gates the same launch also writes r_s = b_last − b_s [B,T,H] (the gates after s in its chunk),
-the state step's key decay: no scan is left in the sequential chunk loop.
+shaped like g), which the later kernels read (see `forward` for what was measured): no scan is
+left in the sequential chunk loop.
 
 The intra-chunk term for per-dimension gates cannot be one matmul (the decay sits inside the sum
 over k). Secondary chunking (_intra_kernel) splits the chunk into sub-chunks of c tokens:
@@ -59,10 +58,7 @@ ran: dict = {}          # ran["mode"]: the mode the last call actually used ("au
 # Two pipeline stages for the fused chunk loop: three (Triton's default) needed 254 KB of shared
 # memory for bf16 tiles at K = V = 128, C = 64 on an H200, over its 227 KB.
 FUSED_STAGES = 2
-# Width of the state pass's K and V blocks. On an H200 (bf16, K = V = 128, T = 32768, B·H = 16)
-# the linear-attention state pass took 0.29 ms with 64×64 blocks (64 programs, 3 stages) and
-# 0.52 ms with 32×32 blocks (256 programs, 2 stages): more programs do not pay for the narrower
-# tiles (likely because each program then moves more bytes per multiply).
+# Width of the state passes' K and V blocks (`state_config` narrows one of them where that pays).
 STATE_BLOCK = 64
 # The largest chunk these kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
 # at once, 128 KB at C = 256 in bf16 (one pipeline stage, see common.launch); C = 512 would not fit
@@ -75,9 +71,8 @@ NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
 @triton.jit
-def _local_cumsum_kernel(g, b, r, T, W, C: tl.constexpr, BW: tl.constexpr, SUFFIX: tl.constexpr):
-    # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens;
-    # with SUFFIX also r = the sum of the gates after each token within its chunk (b_last − b).
+def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
+    # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
     i_w, i_n, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     idx = tl.arange(0, C)
     rows = i_n * C + idx
@@ -87,24 +82,12 @@ def _local_cumsum_kernel(g, b, r, T, W, C: tl.constexpr, BW: tl.constexpr, SUFFI
     offs = i_b * T * W + rows[:, None] * W + cols[None, :]
     x = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)       # [C, BW]
     tl.store(b + offs, tl.cumsum(x, axis=0), mask=mask)
-    if SUFFIX:
-        # The gates one row down (g_{s+1}; 0 past the chunk or T) summed from the end, not b_last − b:
-        # exactly 0 on the last row, ≤ 0, and its rounding error stays proportional to itself (a
-        # difference of prefix sums carries the error of b_last, large next to a small r under
-        # strong gates).
-        nxt = ((idx < C - 1) & (rows + 1 < T))[:, None] & cmask[None, :]
-        x_next = tl.load(g + offs + W, mask=nxt, other=0.0).to(tl.float32)       # [C, BW]
-        tl.store(r + offs, tl.cumsum(x_next, axis=0, reverse=True), mask=mask)
-
 
 @triton.jit
-def _state_step(S, k_base, v_base, gate_base, r_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
+def _state_step(S, k_base, v_base, gate_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
                 C: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
     """The state after the chunk starting at t0, from S (the state before it). S: [BK, BV] float32.
-
-    gate_base: the cumulated gates b; r_base: for per-head gates, the gates after each token in
-    its chunk (`local_sums`), so the step only loads and multiplies.
-    """
+    gate_base: the cumulated gates b (`local_cumsum`), so the step only loads and multiplies."""
     rows = t0 + tl.arange(0, C)
     rmask = rows < T
     kmask = offs_k < K
@@ -116,13 +99,17 @@ def _state_step(S, k_base, v_base, gate_base, r_base, t0, T, s_k, s_v, s_gate, o
     if GATE == 2:
         b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
                     other=0.0)                                                       # [C, BK]
-        b_last = tl.load(gate_base + last * s_gate + offs_k, mask=kmask, other=0.0)  # [BK]
+        # b_last taken from the tile, not loaded on its own: a load in this loop that feeds no dot
+        # operand stops Triton from software-pipelining the loop's loads (seen in the sm_90 SASS).
+        b_last = tl.sum(tl.where((rows == last)[:, None], b, 0.0), axis=0)          # [BK]
         k = (k * tl.exp(b_last[None, :] - b)).to(COMPUTE)    # key decayed to the chunk end (≤ 1)
         S = S * tl.exp(b_last)[:, None]
     elif GATE == 1:
-        r = tl.load(r_base + rows * s_gate, mask=rmask, other=0.0)                   # [C], b_last − b ≤ 0
-        k = (k * tl.exp(r)[:, None]).to(COMPUTE)             # key decayed to the chunk end (≤ 1)
-        S = S * tl.exp(tl.load(gate_base + last * s_gate))   # b_last: Σ of the chunk's gates
+        # b_last reaches the dot operand through the key decay, so the loop stays pipelined.
+        b = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)                # [C]
+        b_last = tl.load(gate_base + last * s_gate)                                  # Σ of the chunk's gates
+        k = (k * tl.exp(b_last - b)[:, None]).to(COMPUTE)    # key decayed to the chunk end (≤ 1)
+        S = S * tl.exp(b_last)
     return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
 
 
@@ -256,32 +243,30 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, 
 
 
 @triton.jit
-def _bases(q, k, v, gate, r, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
+def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
     # Pointers to (batch i_b, head i_h, token 0) of each [B, T, H, *] tensor, and the gate's row
-    # stride; r, the per-head suffix sums [B, T, H], is read only with per-head gates (stride H).
+    # stride.
     q_base = q + i_b * T * H * K + i_h * K
     k_base = k + i_b * T * H * K + i_h * K
     v_base = v + i_b * T * H * V + i_h * V
     o_base = o + i_b * T * H * V + i_h * V
-    r_base = r + i_b * T * H + i_h
     if GATE == 2:
         gate_base = gate + i_b * T * H * K + i_h * K
         s_gate = H * K
     else:
         gate_base = gate + i_b * T * H + i_h
         s_gate = H
-    return q_base, k_base, v_base, o_base, gate_base, r_base, s_gate
+    return q_base, k_base, v_base, o_base, gate_base, s_gate
 
 
 @triton.jit
-def _states_kernel(k, v, gate, gate_r, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
+def _states_kernel(k, v, gate, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                    HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    _, k_base, v_base, _, gate_base, r_base, s_gate = _bases(k, k, v, gate, gate_r, v, i_b, i_h, T, H, K, V,
-                                                             GATE)
+    _, k_base, v_base, _, gate_base, s_gate = _bases(k, k, v, gate, v, i_b, i_h, T, H, K, V, GATE)
     offs_k = i_k * BK + tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -292,7 +277,7 @@ def _states_kernel(k, v, gate, gate_r, h, s0, sT, T, H, K, V, NT, C: tl.constexp
         S = tl.zeros([BK, BV], dtype=tl.float32)
     for n in range(NT):
         tl.store(h + (i_bh * NT + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
-        S = _state_step(S, k_base, v_base, gate_base, r_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+        S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
@@ -306,8 +291,7 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
     i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
-    q_base, k_base, v_base, o_base, gate_base, _, s_gate = _bases(q, k, v, gate, gate, o, i_b, i_h, T, H, K, V,
-                                                                   GATE)
+    q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -319,14 +303,13 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
 
 
 @triton.jit
-def _fused_kernel(q, k, v, gate, gate_r, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
+def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    q_base, k_base, v_base, o_base, gate_base, r_base, s_gate = _bases(q, k, v, gate, gate_r, o, i_b, i_h, T, H,
-                                                                        K, V, GATE)
+    q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -340,40 +323,53 @@ def _fused_kernel(q, k, v, gate, gate_r, a, o, s0, sT, T, H, K, V, NT, scale, C:
         for r in tl.static_range(C // BR):
             _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
                           H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
-        S = _state_step(S, k_base, v_base, gate_base, r_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+        S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
 
-def local_sums(g: torch.Tensor, chunk_size: int, *, suffix: bool = False):
-    """(b, r), float32 and shaped like g, in one launch: b the cumulative log-gates restarting at
-    every chunk (module docstring); r (None unless suffix) the sum of the gates after each token
-    within its chunk, b_last − b, 0 on every chunk's last token."""
+def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
     B, T = g.shape[:2]
     W = g[0, 0].numel()
     b = torch.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
-    r = torch.empty_like(b) if suffix else None
     BW = min(block(W), max(16, 8192 // chunk_size))
-    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](
-        g, b, b if r is None else r, T, W, chunk_size, BW, SUFFIX=suffix)
-    return b, r
-
-
-def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
-    return local_sums(g, chunk_size)[0]
+    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
+    return b
 
 
 def gate_sums(g, chunk_size: int):
-    """(b, r) as the kernels read them: (None, None) without gates, r only for per-head gates."""
-    return (None, None) if g is None else local_sums(g, chunk_size, suffix=g.dim() == 3)
+    """b as the kernels read it: None without gates."""
+    return None if g is None else local_cumsum(g, chunk_size)
 
 
 def blocks(K: int, V: int):
     """(BK, BV) for the kernels that hold all of K: keep the [BK, BV] float32 state ≤ 8192 values."""
     BK = block(K)
     return BK, max(16, min(block(V), 8192 // BK, 64))
+
+
+def state_config(K: int, V: int, BH: int, gate: int, sms=None):
+    """(BK, BV, pipeline stages) of the state pass (`chunk_states`). From a sweep on an H200 (bf16,
+    K = V = 128, 16 heads, 32768 tokens, T = 1k–32k; docs/perf_notes.md), state pass alone:
+    - while 64×64 blocks give at most half the SMs a program (B·H = 16 here), a narrower block
+      and 4 stages: per-head gates 32×64 (0.28 ms against 0.39 for 64×64), no gate 64×32 (0.22
+      against 0.30; 32×64 took 0.53);
+    - per-dimension gates hold a float32 gate tile as large as the key tile, which a program of
+      BK = 32 and all of V loads once instead of once per V-block: 32×128 took 0.24–0.34 ms at
+      T ≤ 16k against 0.32–0.46 for 64×64, and 32×64 0.62 against 0.94 at 32k (few programs);
+    - otherwise 64×64 and 3 stages (within 10 % of every other shape tried)."""
+    sms = num_sms() if sms is None else sms
+    few = BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
+    narrow = max(16, STATE_BLOCK // 2)
+    if gate == DIM_GATE:
+        BK, BV, stages = narrow, STATE_BLOCK if few else 2 * STATE_BLOCK, 3
+    elif few:
+        BK, BV, stages = (narrow, STATE_BLOCK, 4) if gate == HEAD_GATE else (STATE_BLOCK, narrow, 4)
+    else:
+        BK, BV, stages = STATE_BLOCK, STATE_BLOCK, 3
+    return min(block(K), BK), min(block(V), BV), stages
 
 
 def output_blocks(K: int, V: int, gate: int, ieee: bool):
@@ -394,19 +390,19 @@ def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int) -> str:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "auto":
         return mode
-    if gate == DIM_GATE:
-        # Per-dimension gates on an H200 (docs/perf_notes.md): states 1.88 ms against fused
-        # 2.06 ms for T ≤ 8192, and fused slower still beyond.
+    if gate != NO_GATE:
+        # Gated, on an H200 (bf16, K = V = 128): per-dimension gates, states 1.88 ms against fused
+        # 2.06 ms for T ≤ 8192 and fused slower still beyond; per-head gates, states 0.41–0.47 ms
+        # against fused 0.50 for T ≤ 8192 and 0.96–1.92 beyond. A fused program applies the decays
+        # inside its sequential loop and, with that loop's loads pipelined, needs more than half
+        # an SM's shared memory, so no second program hides its latency.
         return "states"
     # Linear attention on an H200 (bf16, K = V = 128): fused 0.27–0.29 ms up to T = 8192
     # (128 programs on 132 SMs) against states 0.35–0.41 ms there; states ahead from T = 16384
     # (64 programs: 0.39 against 0.52 ms). So fused while its grid has more programs than half the
-    # SMs: the state stays on chip and no SM sits idle. A per-head gate makes each fused program
-    # longer: at T = 8192 (128 programs) fused took 0.57 ms against states 0.47, while at T ≤ 4096
-    # (≥ 256 programs) fused is the faster (0.30–0.34 ms against 0.41 at 1024), so it needs a grid
-    # of more programs than SMs.
+    # SMs: the state stays on chip and no SM sits idle.
     programs = B * H * triton.cdiv(V, blocks(K, V)[1])
-    return "fused" if programs > (num_sms() if gate == HEAD_GATE else num_sms() // 2) else "states"
+    return "fused" if programs > num_sms() // 2 else "states"
 
 
 def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, keep=None):
@@ -420,10 +416,11 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     1.88 ms for this pipeline (docs/perf_notes.md; its state pass alone took 0.69 ms there), so
     the work stays split into separate kernels.
 
-    Per-head gates are summed by one launch too (b and the suffix sums r, `local_sums`): scanning
-    them inside the sequential chunk loop put 27 barriers and 21 shuffles per chunk on its critical
-    path (sm_90) against 17 and 0. On an H200 (bf16, K = V = 128) the per-head states path took
-    0.69 / 1.07 ms at T = 16k / 32k with the scans in the loop, 0.60 / 0.88 ms with this launch.
+    Per-head gates are summed by the same launch: scanning them inside the sequential chunk loop
+    put 27 barriers and 21 shuffles per chunk on its critical path (sm_90) against 17 and 0. On an
+    H200 (bf16, K = V = 128) the per-head states path took 0.69 / 1.07 ms at T = 16k / 32k with the
+    scans in the loop, 0.60 / 0.88 ms with this launch. (The state step must also keep every load
+    of its loop feeding a dot operand, or Triton stops pipelining the loop: see `_state_step`.)
     """
     check_kernel_inputs(q)
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
@@ -435,8 +432,8 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
     mode = choose_mode(mode, gate, B, H, K, V)
-    b, r = gate_sums(g, C)
-    gates, gates_r = q if b is None else b, q if r is None else r    # q: an unused pointer
+    b = gate_sums(g, C)
+    gates = q if b is None else b                                    # q: an unused pointer
     a = intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else q
     if keep is not None and gate == DIM_GATE:
         keep.update(b=b, A=a)
@@ -447,7 +444,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
         BK, BV = blocks(K, V)
         try:
             last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
-                q, k, v, gates, gates_r, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
+                q, k, v, gates, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
                 NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
                 num_warps=4, num_stages=FUSED_STAGES, **common)
             ran["mode"] = "fused"
@@ -459,7 +456,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
             ran["mode"] = f"states (fused did not fit: {str(e).split('.')[0]})"
     else:
         ran["mode"] = mode
-    h, _ = chunk_states(k, v, g, d, b=b, r=r, s0=s0, sT=sT, chunk_size=C)
+    h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
     BK, BV = output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
     last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
@@ -486,10 +483,9 @@ def intra_attention(q, k, g, d, C, c, *, b=None):
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, r=None, s0=None, sT=None, chunk_size=64):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
-    or [B,T,H,K]). The gates are summed first (`local_sums`: b, and r for per-head gates) unless
-    given.
+    or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
     Stored in the dtype the output kernel multiplies it in (the input's natively, float32 under
     the interpreter or for float32 inputs). Also the inter-chunk half of the work, timed alone in
@@ -498,18 +494,18 @@ def chunk_states(k, v, g, d, *, b=None, r=None, s0=None, sT=None, chunk_size=64)
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
     k, v, g = contiguous(k, v, g)
-    if b is None or (gate == HEAD_GATE and r is None):
-        b, r = gate_sums(g, C)
+    if b is None:
+        b = gate_sums(g, C)
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
     h = torch.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
-    SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)   # every entry written below
+    SK, SV, stages = state_config(K, V, B * H, gate)                   # every entry of h written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),
-        k, v, k if b is None else b, k if r is None else r, h, s0 if s0 is not None else k,
+        k, v, k if b is None else b, h, s0 if s0 is not None else k,
         sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
-        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4)
+        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4, max_stages=stages)
     return h, sT
 
 

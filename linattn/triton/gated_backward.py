@@ -459,11 +459,10 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
         do = torch.zeros_like(v)
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
     with stage(timer, "recompute states"):
-        r = None                                 # per-head gates' suffix sums [B, T, H], for the state pass
         if b is None:
-            b, r = gated.gate_sums(g, C)                               # b: [B, T, H(, K)] float32
+            b = gated.gate_sums(g, C)                                  # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, b=b, r=r, s0=s0f, chunk_size=C)
+            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C)
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
@@ -557,10 +556,10 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
     s0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
-    b, r = gated.gate_sums(g, C)
+    b = gated.gate_sums(g, C)
     A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    h, _ = gated.chunk_states(k, v, g, d, b=b, r=r, s0=s0, sT=sT, chunk_size=C)
+    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
