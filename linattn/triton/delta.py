@@ -31,7 +31,7 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, num_sms
+from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
@@ -44,10 +44,11 @@ MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
-# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94); 3
-# pipeline stages gained nothing there (0.859 vs 0.859 ms; KDA 1.07 vs 1.10) and cost at T = 1k
-# (profiled 0.283 vs 0.248 ms DeltaNet, 0.342 vs 0.268 Gated DeltaNet), so 2.
-TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=2)
+# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94). Up to 3
+# pipeline stages (fewer where they do not fit, `launch`): with every load of the chunk loop
+# pipelined, DeltaNet's whole forward at T = 32k took 1.32 ms against 1.61 with 2 stages (Gated
+# DeltaNet 1.51 / 1.78, KDA 3.43 / 3.70) and the same at T = 1k.
+TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state=3)
 
 
 def state_block(V, BH, sms=None):
@@ -149,12 +150,13 @@ def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = 
     vnew = wy["u"] if over_u else outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
     ht = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
     BV = state_block(V, B * H)
-    _state_kernel[(triton.cdiv(V, BV), B * H)](
+    launch(
+        _state_kernel, (triton.cdiv(V, BV), B * H),
         wy["kd"], wy["dl"] if p.gate else hs, wy["w"], wy["u"], hs if h0 is None else h0, hs, vnew,
         hs if ht is None else ht, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
-        num_stages=TUNING["stages_state"])
+        max_stages=TUNING["stages_state"])
     return hs, vnew, ht
 
 
@@ -242,7 +244,8 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         Vt = Ut - _mm(Wt, S, DT, IEEE)                                            # [C, BV] Ṽ
         tl.store(vnew + r0 * V + (row[:, None] * V + dv[None, :]), Vt.to(vnew.dtype.element_ty), mask=mv)
         # K ⊙ e^{G_C − G} (just K for DeltaNet) and the decay e^{G_C} across the chunk, from stage 1
-        kt = tl.load(kd + r0 * K + (row[:, None] * K + dk[None, :]), mask=mk, other=0.0).to(tl.float32)
+        # kept in the stored dtype: a float32 copy would go through registers, not the pipeline
+        kt = tl.load(kd + r0 * K + (row[:, None] * K + dk[None, :]), mask=mk, other=0.0)
         if GATE > 0:
             S = S * dl_n[:, None]
             dl_n = tl.load(dl + (bh.to(tl.int64) * NT + n + 1) * K + dk, mask=(dk < K) & (n + 1 < NT), other=0.0)
