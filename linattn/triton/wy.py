@@ -13,7 +13,7 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
 2. `_inverse_kernel`, one program per (chunk, head): 𝒯 from A in 16×16 blocks that move through
    memory — forward substitution on each diagonal block with its rows loaded by pointer, then
    𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the blocks below, one row of blocks after another.
-3. `_wu_kernel`, one program per (chunk, head, part): W, one V-block of U, or what stages 2 and 3
+3. `_wu_kernel`, one program per (chunk, head, part): W, U, or what stages 2 and 3
    need (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G): tiled matmuls
    and elementwise decays.
 
@@ -77,7 +77,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
     dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     BV = min(block(V), 64)
-    _wu_kernel[(p.NT, B * H, (2 if p.gate else 1) + triton.cdiv(V, BV))](
+    _wu_kernel[(p.NT, B * H, 3 if p.gate else 2)](
         q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate == 2 else w, kd,
         dl if p.gate else w, p.scale, T, p.NT, H,
         K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
@@ -292,7 +292,10 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     # grid axis 2 splits the work into programs of similar size: part 0 computes W (and
-    # scale · Q ⊙ e^G), with gates part 1 the decays for the state pass, the rest one V-block of U
+    # scale · Q ⊙ e^G), with gates part 1 the decays for the state pass, the last all of U, V-block
+    # by V-block, reading 𝒯 (float32, the largest tile here) once. (Computing W in that program
+    # too gave wrong W for bf16 at K ≤ 32 when compiled for an H200, though right under the
+    # interpreter; as one program per V-block, 𝒯 was read once more.)
     n, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -307,14 +310,15 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
     jc = tl.arange(0, C)
     row = jc * H                                                                  # [C]
     bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
-    UP: tl.constexpr = 2 if GATE > 0 else 1                                       # first U part
+    UP: tl.constexpr = 2 if GATE > 0 else 1                                       # the U part
     if part >= UP:
         Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
-        dv = (part - UP) * BV + tl.arange(0, BV)
-        mv = tm[:, None] & (dv[None, :] < V)
-        vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
-        Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                             # [C, BV]
-        tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
+        for iv in tl.static_range(0, V, BV):
+            dv = iv + tl.arange(0, BV)
+            mv = tm[:, None] & (dv[None, :] < V)
+            vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
+            Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                         # [C, BV]
+            tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
     elif part == 0:
         _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K, C, BK, GATE, DT, IEEE)
     else:
