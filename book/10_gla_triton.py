@@ -217,15 +217,27 @@ assert finite
 # chunks, stores the state it enters each chunk with, and steps it:
 # $S \leftarrow \mathrm{diag}(e^{b_\text{last}})S + (K\odot e^{\,b_\text{last}-B})^\top V$ — one
 # `tl.dot` per chunk, $[K_b, C]\times[C, V_b]$. Split over K and V blocks, the columns and rows of
-# $S$ evolve independently, so blocks add parallelism for free — up to a point: at
-# $B\cdot H = 16$ heads, $64\times64$ blocks make only 64 programs for an H200's 132
-# multiprocessors, yet $32\times32$ blocks (256 programs, two pipeline stages instead of three)
-# are slower: 0.52 against 0.29 ms for linear attention at $T = 32768$ on an H200 (bf16,
-# triton 3.6, 2026-11-21). A likely reason is that each program then moves more bytes per
-# multiply (block width and stage count differ between the two settings, so the measurement does
-# not separate them). The library keeps $64\times64$
-# (`gated.STATE_BLOCK`). The stored state of chunk $n$ must equal the recurrence's state after
-# $nC$ tokens:
+# $S$ evolve independently, so blocks add parallelism for free.
+#
+# Because the loop is sequential, each chunk's loads must be in flight while the previous chunk
+# is being multiplied: Triton *software-pipelines* the loop, issuing the asynchronous copies of
+# the next chunks' $k$, $v$ and $b$ tiles ahead (`num_stages` copies in shared memory). It does
+# so only if every load in the loop feeds a `tl.dot` operand. **What breaks if** $b_\text{last}$
+# is loaded on its own to scale $S$ (the dot's accumulator) and nowhere else: the compiled loop
+# (sm_90) then waits on its $k$ and $v$ loads every chunk, and the per-head state pass at
+# $T = 32768$ took 0.61 ms instead of 0.39 (H200, bf16, triton 3.6). So the step takes
+# $b_\text{last}$ into the key decay $e^{b_\text{last}-b}$, and with per-dimension gates reads it
+# off the $b$ tile it already holds.
+#
+# Block shapes, measured on an H200 (bf16, triton 3.6, $K=V=128$, 32768 tokens, 2026-11-23),
+# state pass alone: at $B\cdot H = 16$ ($T = 32\text{k}$), $64\times64$ blocks make only 64
+# programs for 132 multiprocessors, and narrower ones pay — per-head gates 0.28 ms with
+# $32\times64$ blocks and four stages against 0.39, linear attention 0.22 with $64\times32$
+# against 0.30, per-dimension gates 0.62 with $32\times64$ against 0.94. Per-dimension gates
+# also carry a float32 gate tile as large as the key tile, which a $32\times128$ program loads
+# once rather than once per V-block: 0.24–0.34 ms against 0.32–0.46 for $64\times64$ at
+# $T \le 16\text{k}$. `gated.state_config` holds these rules. The stored state of chunk $n$ must
+# equal the recurrence's state after $nC$ tokens:
 
 # %%
 h, S_T = gated.chunk_states(k, v, g, d, s0=S0.float().contiguous(),
@@ -303,9 +315,8 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # traffic — and its sequential pass does one matmul per chunk instead of four. So the model says:
 # fused for many short sequences, states for few long ones. `mode="auto"` follows what was
 # measured rather than the model alone (`gated.choose_mode`, with the numbers in its comments):
-# for linear attention fused while its grid has more programs than half the multiprocessors; for
-# per-head gates, whose fused program does more per chunk, only while it has more programs than
-# multiprocessors; for per-dimension gates always states.
+# for linear attention fused while its grid has more programs than half the multiprocessors; with
+# gates of either shape always states.
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
 # shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`; its
@@ -382,16 +393,16 @@ else:
 #   dots per chunk in one loop, its bf16 tiles at $K = V = 128$ need more shared memory than an
 #   H200 has with Triton's default three pipeline stages (it runs with two), which leaves little
 #   room for a second program per multiprocessor to hide latency.
-# * **Scalar-gate GLA** (`simple_gla`, per-head gates) is close to linear attention while the grid
-#   is full, and fused wins there; once the fused grid has no more programs than multiprocessors,
-#   states is faster, earlier than for linear attention, because each fused program also applies
-#   the decays. At long $T$ both modes are slower than linear attention's. The gate sums (cumulative
-#   $b$ and the suffix sums of the state step) come from one small launch before the chunk
-#   kernels, so no scan sits in the sequential state loop. The gap left at long $T$ is not profiled
-#   yet; the likely part is the state pass with few programs, as for linear attention.
-# * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$.
-#   Linear attention meets it at most lengths (the lines above list them); GLA, whose per-dimension gates need
-#   the float32 intra-chunk matrix, is slower than FLA's `chunk_gla` at every length in this run.
+# * **Scalar-gate GLA** (`simple_gla`, per-head gates): states is faster at every length. Each
+#   fused program applies the decays inside its sequential loop, and with that loop's loads
+#   pipelined (§4) it needs more than half a multiprocessor's shared memory, so no second program
+#   hides its latency. The gate sums come from one small launch before the chunk kernels, so no
+#   scan sits in the sequential state loop; the states time then splits about evenly between the
+#   state pass and the output kernel.
+# * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
+#   lines above list where each op meets it. GLA with per-dimension gates is furthest off at short
+#   $T$, where its float32 intra-chunk matrix (§3) costs more than FLA's two kernels for the same
+#   matrix (`tools/profile_ops.py` times every kernel of both).
 # * **Against the memory floor.** GLA is far from the aim of 2× the floor, as is FLA's own
 #   `chunk_gla`: the intra-chunk matrix is compute, not traffic. Linear attention comes closest.
 

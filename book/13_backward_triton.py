@@ -283,21 +283,29 @@ assert testing.rel_err(dg, truth["g"]) < 1e-4 < testing.rel_err(restart, truth["
 #
 # Two kernels walk the chunks: the state recomputation and the reverse pass. Their grid is
 # (K-blocks × V-blocks × batch·head) — at the benchmark setting ($32768$ tokens, $H=16$,
-# $K=V=128$, blocks of 64) that is $4\cdot 16\cdot B$ programs, and $B = 32768/T$ falls as
-# sequences grow. The other kernels have a program per chunk (or row block, or sub-chunk), so
+# $K=V=128$) the reverse pass's blocks of 64 make $4\cdot 16\cdot B$ programs, and
+# $B = 32768/T$ falls as sequences grow. The state recomputation is the forward's state pass,
+# with its block shapes (`gated.state_config`: for per-dimension gates $32\times128$, or
+# $32\times64$ once that would leave half the multiprocessors idle). The other kernels have a program per chunk (or row block, or sub-chunk), so
 # their grid stays the same at every $T$. The figure counts the programs each kernel launches,
 # from the same block sizes the library uses, against the 132 multiprocessors of an H100/H200:
 
 # %%
 Ts = [1024, 2048, 4096, 8192, 16384, 32768]
 KB = -(-128 // gated_backward.GRAD_BLOCK)                       # K-blocks of the gradient kernels
-SB = (-(-128 // gated.STATE_BLOCK)) ** 2                        # K×V blocks of the sequential passes
+SB = (-(-128 // gated.STATE_BLOCK)) ** 2                        # K×V blocks of the reverse pass
 BVv = gated.blocks(128, 128)[1]
+
+
+def state_blocks(BH):
+    BK, BV, _ = gated.state_config(128, 128, BH, gated.DIM_GATE, sms=132)
+    return (-(-128 // BK)) * (-(-128 // BV))
 
 
 def programs(T, C=64, c=16, tokens=32768, H=16):
     Bt, NT = tokens // T, T // C
-    return {"states / reverse pass (sequential)": SB * Bt * H,
+    return {"state recomputation (sequential)": state_blocks(Bt * H) * Bt * H,
+            "reverse pass (sequential)": SB * Bt * H,
             "dA": NT * (C // 64) * Bt * H,
             "intra dq, dk": KB * NT * (C // c) * Bt * H,
             "dv": (128 // BVv) * NT * (C // 64) * Bt * H,
@@ -305,7 +313,7 @@ def programs(T, C=64, c=16, tokens=32768, H=16):
 
 
 fig, ax = plt.subplots(figsize=(8, 3.8))
-for (name, style) in zip(programs(Ts[0]), ("o-", "s-", "^-", "D-", "x--")):   # dv and dq, dk coincide
+for (name, style) in zip(programs(Ts[0]), ("v-", "o-", "s-", "^-", "D-", "x--")):   # dv and dq, dk coincide
     ax.plot(Ts, [programs(T_)[name] for T_ in Ts], style, label=name)
 ax.axhline(132, color="gray", ls="--", lw=1, label="132 SMs (H100/H200)")
 ax.set_xscale("log", base=2)
@@ -320,11 +328,12 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# At $T = 32\text{k}$ the two sequential kernels launch 64 programs for 132 multiprocessors, each
-# walking 512 chunks; every other kernel launches thousands. That is the same shape as the
-# forward (chapter 10, §6), and the same remedies exist: smaller state blocks for more programs
-# (measured not to pay in the forward), or splitting the sequence and composing chunk maps
-# (chapter 08) — for the backward the maps run in reverse.
+# At $T = 32\text{k}$ the two sequential kernels launch 64 and 128 programs for 132
+# multiprocessors, each walking 512 chunks; every other kernel launches thousands. That is the
+# same shape as the forward (chapter 10, §6), and the same remedies exist: narrower state blocks
+# for more programs (they pay in the forward's state pass once 64×64 blocks leave half the
+# multiprocessors idle; the reverse pass keeps 64×64), or splitting the sequence and composing
+# chunk maps (chapter 08) — for the backward the maps run in reverse.
 #
 # ## 6. Recompute or keep the states
 #
