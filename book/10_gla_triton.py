@@ -582,10 +582,14 @@ else:
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
 #   at any $T$. On an H200 fused wins for linear attention while its grid is full and states
-#   beyond; for per-dimension GLA states wins at every $T$. `mode="auto"` encodes that rule.
+#   beyond; with gates (per head or per dimension) states wins at every $T$. `mode="auto"`
+#   encodes that rule.
+# * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
+#   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
 # * Against FLA and softmax attention (recorded run, §6–7): linear attention is ahead of FLA while
-#   the fused grid is full; GLA is behind FLA at every length and overtakes causal SDPA only at
-#   long sequences — the paper's Figure 2, left, in shape, not at the speed we aim for.
+#   the fused grid is full and level beyond; per-head GLA is level with FLA; per-dimension GLA is
+#   behind FLA except at the longest length, and overtakes causal SDPA only from several thousand
+#   tokens — the paper's Figure 2, left, in shape, not yet at the speed we aim for.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
 #   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep inter falls as predicted,
 #   intra stays flat, and $C = 64$ is fastest; on a GPU the sweep runs live up to $C = 256$.

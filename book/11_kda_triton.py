@@ -401,10 +401,10 @@ if rows:
               f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
 
 # %% [markdown]
-# Read plainly: **our delta-rule kernels are correct and slower than FLA's**, DeltaNet the least
-# and KDA the most, with KDA's gap widest at short $T$, where stage 1 (every chunk at once) is
-# most of the work. Our aim for KDA — a forward no slower than FLA's at every $T$ — is not met by
-# these kernels. Against the memory floor (every input read once and the output written once at
+# Read plainly: **our delta-rule kernels are correct; at the longest length they are ahead of
+# FLA's, below it slower** — DeltaNet slightly, KDA the most, with KDA's gap widest at short $T$,
+# where stage 1 (every chunk at once) is most of the work. Our aim for KDA — a forward no slower
+# than FLA's at every $T$ — is not met by these kernels. Against the memory floor (every input read once and the output written once at
 # the copy bandwidth measured in the same run) all three are an order of magnitude away: stage 1
 # does many small dense products per chunk, far more work than the bytes it moves.
 # The relative errors are within the bf16 tolerance ($10^{-2}$).
@@ -462,20 +462,23 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 
 # %% [markdown]
 # **Where the time goes.** A per-kernel profile of design 3 (`tools/profile_ops.py`, H200, bf16,
-# triton 3.6, 2026-11-21, $T = 1$k, ms). The KDA row was profiled with every diagonal block built
-# column by column, without the float32 dot of section 2 (the recorded run above has it):
+# triton 3.6, fla 0.6.0, 2026-11-23, ms):
 #
-# | | scores | inverse | W/U | state pass | output | total | FLA total |
-# |---|---|---|---|---|---|---|---|
-# | DeltaNet | 0.113 | 0.333 | 0.235 | 0.283 | 0.176 | 1.141 | 0.985 |
-# | KDA | 1.684 | 0.330 | 0.832 | 0.342 | 0.196 | 3.385 | 1.719 |
+# | | $T$ | scores | inverse | W/U | state pass | output | total | FLA total | FLA state pass |
+# |---|---|---|---|---|---|---|---|---|---|
+# | DeltaNet | 1k | 0.112 | 0.333 | 0.199 | 0.219 | 0.176 | 1.040 | 0.988 | 0.214 |
+# | DeltaNet | 32k | 0.123 | 0.334 | 0.213 | 0.426 | 0.182 | 1.278 | 1.497 | 0.700 |
+# | KDA | 1k | 1.592 | 0.330 | 0.786 | 0.222 | 0.197 | 3.127 | 1.721 | 0.250 |
+# | KDA | 32k | 1.594 | 0.331 | 0.812 | 0.461 | 0.201 | 3.399 | 2.730 | 1.207 |
 #
 # For DeltaNet at $T = 1$k no one kernel dominates: the block inverse is the largest (0.333 ms),
-# and the three kernels of stage 1 together take 0.681 ms, 60% of the total. At $T = 32$k the state
-# pass is DeltaNet's largest kernel, 0.870 ms against 0.700 ms for FLA's state pass. For KDA the
-# column-by-column scores kernel alone (1.684 ms) takes about as long as FLA's whole forward
-# (1.719 ms): that is the kernel the float32 dot of section 2 shortens. KDA's W/U kernel (0.832 ms
-# against DeltaNet's 0.235) is the next candidate.
+# and the three kernels of stage 1 together take 0.644 ms, 62% of the total. At $T = 32$k, with
+# one sequence of 16 heads, the sequential state pass is the largest kernel, and ours (0.426 ms)
+# is ahead of FLA's (0.700): every load in its chunk loop is software-pipelined (chapter 10, §4 —
+# here the keys stay in bf16 and the chunk's decay is loaded one chunk ahead, so no load in the
+# loop is waited on in the step that issues it). For KDA the scores kernel alone (1.59 ms) takes
+# nearly as long as FLA's whole forward at $T = 1$k (1.72 ms), and its W/U kernel (0.79 ms against
+# DeltaNet's 0.20) is the next candidate.
 #
 # One cost can be seen on a CPU without a GPU: Triton compiles for a GPU it does not have
 # (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
@@ -504,8 +507,9 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
-# * Measured on an H200 (the recorded run of section 8): correct, and slower than FLA — DeltaNet
-#   the least, KDA the most; the aim for KDA (no slower than FLA at every $T$) is not met. How
+# * Measured on an H200 (the recorded run of section 8): correct; ahead of FLA at the longest
+#   length, where the pipelined state pass dominates, and slower below — DeltaNet the least, KDA
+#   the most; the aim for KDA (no slower than FLA at every $T$) is not met. How
 #   stage 1 is laid out in registers decides the speed: three plain kernels with blocks moved
 #   through memory are several times faster for KDA than one kernel on rank-3 register tensors.
 #
