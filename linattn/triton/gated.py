@@ -359,7 +359,8 @@ def state_config(K: int, V: int, BH: int, gate: int, sms=None):
     - per-dimension gates hold a float32 gate tile as large as the key tile, which a program of
       BK = 32 and all of V loads once instead of once per V-block: 32×128 took 0.24–0.34 ms at
       T ≤ 16k against 0.32–0.46 for 64×64, and 32×64 0.62 against 0.94 at 32k (few programs);
-    - otherwise 64×64 and 3 stages (within 10 % of every other shape tried)."""
+    - otherwise 64×64 and 3 stages (4 stages was faster at some lengths and slower at others, by up
+      to 20 % either way)."""
     sms = num_sms() if sms is None else sms
     few = BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
     narrow = max(16, STATE_BLOCK // 2)
