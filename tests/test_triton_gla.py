@@ -86,7 +86,7 @@ def test_long_chunks(shape, gate, mode, dtype):
 @pytest.mark.parametrize("mode", ["fused", "states"])
 @pytest.mark.parametrize("shape", LONG_CHUNKS, ids=str)
 def test_long_chunks_strong_per_head_gates(shape, mode):
-    """Per-head gates' chunk sums (b across row blocks, the state step's suffix sums r) under
+    """Per-head gates' chunk sums (b across row blocks, the state step's key decay b_last − b) under
     log-gates down to −20 per step, with an initial and a final state and a short last chunk."""
     B, T, H, K, V, C, c = shape
     args = inputs(B, T, H + 1, K, V, gate="per_head", strength="strong", seed=C + 1)   # several heads
