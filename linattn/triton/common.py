@@ -82,9 +82,9 @@ _STAGES_THAT_FIT: dict = {}
 
 def launch(kernel, grid, *args, max_stages: int = 3, **kw):
     """kernel[grid](*args, **kw) with the most software-pipeline stages (max_stages, then fewer down
-    to 1) that fit in shared memory. Each extra stage holds another copy of the loop's tiles; at C = 256 the state
-    pass's tiles (k, v and float32 gates, 128 KB in bf16) need 257 KB with Triton's default of
-    3 stages, over an H200's 227 KB (seen in chapter 10's chunk sweep). Fewer stages compute the
+    to 1) that fit in shared memory. Each extra stage holds another copy of the loop's tiles; at
+    C = 256 the state pass's tiles (k, v and float32 gates, 128 KB in bf16) need 257 KB with
+    Triton's default of 3 stages, over an H200's 227 KB (seen in chapter 10's chunk sweep). Fewer stages compute the
     same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes."""
     key = (kernel, max_stages, tuple(sorted(kw.items())), tuple(getattr(a, "dtype", None) for a in args))
     tried = _STAGES_THAT_FIT.get(key, tuple(range(max_stages, 0, -1)))
