@@ -121,7 +121,11 @@ def test_stage_one_kernels(gate, chunk):
     p = tri.plan(args["q"], g, d, chunk)
     with testing.poisoned():
         ours = tri.wy_stage(args["q"], args["k"], args["v"], g, args["beta"], p)
-    for name, ref in stage_refs(args, chunk).items():
+    refs = stage_refs(args, chunk)
+    if gate != "per_dim":   # the fused factor kernel keeps A in registers; 𝒯 is checked
+        assert "a" not in ours
+        del refs["a"]
+    for name, ref in refs.items():
         assert testing.rel_err(ours[name], ref) <= testing.tolerance(torch.float32), name
 
 

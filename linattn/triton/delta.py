@@ -32,7 +32,7 @@ from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
-from .wy import SUB, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
+from .wy import SUB, factor_stage, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
 # K tiles at least 32 wide (masked): with 16-wide K tiles, bf16/fp16 KDA at K = 16 faulted natively
@@ -184,14 +184,12 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
 
 def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, keep: bool):
     """Stages 1 and 2: (wy dict, states, Ṽ, final state). Peak memory: each intermediate is
-    dropped as soon as no later stage reads it — A once 𝒯 is known, 𝒯 once W and U are, and W, U,
-    K ⊙ e^{G_C − G}, e^{G_C} after the state pass, with Ṽ written over U — so the output stage
-    adds O to Aqk, (scale · Q ⊙ e^G), the states and Ṽ only. keep=True (the backward reads them)
-    keeps 𝒯, W, U and the decays, and Ṽ in a buffer of its own."""
-    s = scores_stage(q, k, g, beta, p)
-    ai = inverse_stage(s.pop("a"), p)
-    wy = dict(s, ai=ai, **wu_stage(q, k, v, g, beta, ai, p))
-    del ai
+    dropped as soon as no later stage reads it — KDA's A once 𝒯 is known, 𝒯 once W and U are, and
+    W, U, K ⊙ e^{G_C − G}, e^{G_C} after the state pass, with Ṽ written over U — so the output
+    stage adds O to Aqk, (scale · Q ⊙ e^G), the states and Ṽ only. keep=True (the backward reads
+    them) keeps 𝒯 (in float32), W, U and the decays, and Ṽ in a buffer of its own."""
+    wy = factor_stage(q, k, g, beta, p, torch.float32 if keep else None)
+    wy.update(wu_stage(q, k, v, g, beta, wy["ai"], p))
     if not keep:
         del wy["ai"]
     hs, vnew, ht = state_stage(wy, h0, p, output_final_state, over_u=not keep)

@@ -1,21 +1,27 @@
-"""Stage 1 of the delta-rule kernels: the WY/UT factors of every chunk, in three plain kernels.
+"""Stage 1 of the delta-rule kernels: the WY/UT factors of every chunk.
 
 Notation as in linattn.chunk.delta: a chunk of C tokens, G_i the log-decay summed from the chunk
 start (per key dimension for KDA, one per head for Gated DeltaNet, 0 for DeltaNet),
 A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}
 (j ≤ i), 𝒯 = (I + A)⁻¹, W = 𝒯 diag(β)(K ⊙ e^G), U = 𝒯 diag(β) V.
 
-1. `_scores_kernel`, one program per (chunk, head), for KDA per (chunk, head, sub-chunk of 16):
-   A (float32) and Aqk (tile dtype), row t of a [B, T, H, C] tensor holding its chunk's row.
-   DeltaNet / Gated DeltaNet: one dot each (and a C×C decay factor). KDA: left of the diagonal,
-   one dot split at the sub-chunk boundary; the 16×16 diagonal block by one float32 dot or, for
-   gates that decay by 60 or more within the sub-chunk, column by column.
-2. `_inverse_kernel`, one program per (chunk, head): 𝒯 from A in 16×16 blocks that move through
-   memory — forward substitution on each diagonal block with its rows loaded by pointer, then
-   𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the blocks below, one row of blocks after another.
-3. `_wu_kernel`, one program per (chunk, head, part): W, U, or what stages 2 and 3
+1. The factor kernels give Aqk (tile dtype) and 𝒯, one program per (chunk, head):
+   - DeltaNet / Gated DeltaNet: `_factor_kernel` computes A as its ten 16×16 blocks (the keys
+     loaded as four row blocks, one dot per block, the C×C decay e^{G_i − G_j} per block) and
+     inverts it in registers: A never goes to memory.
+   - KDA: `_scores_kernel`, one program per (chunk, head, sub-chunk of 16), writes A (float32)
+     and Aqk: left of the diagonal one dot split at the sub-chunk boundary, the 16×16 diagonal
+     block by one float32 dot or, for gates that decay by 60 or more within the sub-chunk,
+     column by column. Then `_inverse_kernel` loads A's ten blocks and inverts them the same way.
+   The inversion (`_invert`): forward substitution on the four diagonal blocks, their chains
+   interleaved, then 𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the six blocks below, all 16×16
+   tiles held as separate variables (no tile is cut out of a larger one).
+2. `_wu_kernel`, one program per (chunk, head, part): W, U, or what stages 2 and 3
    need (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G): tiled matmuls
    and elementwise decays.
+
+𝒯 is stored in the tile dtype when only the forward reads it (the W/U dots round it to that
+dtype anyway), in float32 when the backward will.
 
 Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32.
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
@@ -41,26 +47,55 @@ DIAG_DOT_RANGE = tl.constexpr(60.0)
 # KDA scores (diagonal blocks column by column) 2 / 4 / 8 warps 3.05 / 1.68 / 2.22 ms, W/U 4 warps 0.69 ms vs
 # 8 warps 1.05, inverse 2 warps 0.36 ms vs 4 warps 0.66. (8 warps spill less when compiled for
 # sm_90 on a CPU, yet ran slower.)
-TUNING = dict(warps_scores=4, warps_inverse=2, warps_wu=4)
+TUNING = dict(warps_scores=4, warps_inverse=1, warps_factor=2, warps_wu=4)
+
+
+def inverse_precision(p) -> str:
+    """input_precision of the inversion's 16×16 float32 products: exact under the interpreter;
+    natively tf32x3 (about float32) for float32 inputs, one tf32 pass (10-bit mantissa) for
+    bf16/fp16 inputs, whose 𝒯 is rounded to 8 or 11 bits by the dots that read it anyway."""
+    if interpreting():
+        return "ieee"
+    return "tf32x3" if p.ieee else "tf32"
+
+
+def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
+    """aqk [B,T,H,C] = scale · Aqk in the tile dtype (diagonal included) and ai = 𝒯 [B,T,H,C]
+    (unit lower triangular) in ai_dtype (default the tile dtype; float32 for the backward); row t
+    holds its chunk's row, zeros right of the diagonal. KDA goes through A in memory
+    (`scores_stage`, `inverse_stage`); the other two compute and invert A in one kernel."""
+    if p.gate == 2:
+        s = scores_stage(q, k, g, beta, p)
+        return dict(aqk=s["aqk"], ai=inverse_stage(s.pop("a"), p, ai_dtype))
+    aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
+    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=ai_dtype or p.work, device=p.device)
+    _factor_kernel[(p.NT, p.B * p.H)](
+        q, k, g if p.gate else q, beta, aqk, ai, p.scale, p.T, p.H,
+        K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
+        num_warps=TUNING["warps_factor"])
+    return dict(aqk=aqk, ai=ai)
 
 
 def scores_stage(q, k, g, beta, p) -> dict:
-    """A [B,T,H,C] float32 (β_i on row i, strictly lower) and aqk [B,T,H,C] = scale · Aqk in the
-    tile dtype (diagonal included); row t holds its chunk's row, zeros right of the diagonal."""
+    """KDA only: A [B,T,H,C] float32 (β_i on row i, strictly lower) and aqk as in `factor_stage`."""
+    if p.gate != 2:
+        raise ValueError("scores_stage computes the per-dimension-gate (KDA) scores; DeltaNet and "
+                         "Gated DeltaNet get theirs from factor_stage, which never stores A")
     a = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
     aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
-    # KDA: one program per (chunk, head, sub-chunk); else per (chunk, head)
-    _scores_kernel[(p.NT, p.B * p.H, p.C // SUB if p.gate == 2 else 1)](
-        q, k, g if p.gate else q, beta, a, aqk, p.scale, p.T, p.H,
-        K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, X3=not interpreting(),
+    # one program per (chunk, head, sub-chunk)
+    _scores_kernel[(p.NT, p.B * p.H, p.C // SUB)](
+        q, k, g, beta, a, aqk, p.scale, p.T, p.H,
+        K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, X3=not interpreting(),
         num_warps=TUNING["warps_scores"])
     return dict(a=a, aqk=aqk)
 
 
-def inverse_stage(a, p):
-    """𝒯 = (I + A)⁻¹ per chunk, [B,T,H,C] float32 laid out like A (unit lower triangular)."""
-    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
-    _inverse_kernel[(p.NT, p.B * p.H)](a, ai, p.T, p.H, C=p.C, X3=not interpreting(),
+def inverse_stage(a, p, dtype=None):
+    """𝒯 = (I + A)⁻¹ per chunk, [B,T,H,C] laid out like A (unit lower triangular), in dtype
+    (default the tile dtype)."""
+    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=dtype or p.work, device=p.device)
+    _inverse_kernel[(p.NT, p.B * p.H)](a, ai, p.T, p.H, C=p.C, PREC=inverse_precision(p),
                                         num_warps=TUNING["warps_inverse"])
     return ai
 
@@ -86,23 +121,33 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
 
 
 def wy_stage(q, k, v, g, beta, p) -> dict:
-    """Stage 1 whole: the three kernels above; returns the union of their tensors (a, ai too)."""
-    s = scores_stage(q, k, g, beta, p)
-    ai = inverse_stage(s["a"], p)
-    return dict(s, ai=ai, **wu_stage(q, k, v, g, beta, ai, p))
+    """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai, the W/U outputs,
+    and for KDA the scores A too."""
+    if p.gate == 2:
+        s = scores_stage(q, k, g, beta, p)
+        s["ai"] = inverse_stage(s["a"], p, torch.float32)
+    else:
+        s = factor_stage(q, k, g, beta, p, torch.float32)
+    return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
 # ---------------------------------------------------------------- device helpers
 
 @triton.jit
 def _f32(a, b, X3: tl.constexpr):
-    """a @ b of float32 16×16 blocks (the inverse) at about float32 accuracy.
+    """a @ b of float32 16×16 blocks (KDA's diagonal scores) at about float32 accuracy.
 
     On the GPU three tf32 tensor-core products (tf32x3, relative error ~2⁻²¹): plain tf32 keeps
     10 bits, IEEE products run on the FMA units. Under the interpreter (X3 false): exact float32."""
     if X3:
         return tl.dot(a, b, input_precision="tf32x3")
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _mm32(a, b, PREC: tl.constexpr):
+    """a @ b of float32 16×16 blocks of the inversion, at the precision `inverse_precision` chose."""
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -200,12 +245,131 @@ def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
     tl.store(aqk + rs[:, None] * C + s * BS + r[None, :], Dq.to(aqk.dtype.element_ty), mask=mrow)
 
 
-# ---------------------------------------------------------------- the three kernels
+# ---------------------------------------------------------------- the inversion, in registers
 
 @triton.jit
-def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.constexpr,
+def _join(X, A, s: tl.constexpr, PREC: tl.constexpr):
+    """X inverts the diagonal blocks of side s of I + A (A strictly lower 16×16); return the
+    inverse for blocks of side 2s. L, the entries joining two neighbours (rows in the lower
+    half, columns in the upper), satisfies L X L = 0, so (X⁻¹ + L)⁻¹ = X − X L X exactly."""
+    r = tl.arange(0, BS)
+    i, j = r[:, None], r[None, :]
+    L = tl.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)   # [16, 16]
+    return X - _mm32(X, _mm32(L, X, PREC), PREC)
+
+
+@triton.jit
+def _diag_inverse(A, PREC: tl.constexpr):
+    """(I + A)⁻¹ of one strictly lower 16×16 block by doubling the inverted block side
+    1 → 2 → 4 → 8 → 16: six 16×16 products on the tensor cores instead of a chain of 15
+    dependent row steps (each a reduction across threads)."""
+    r = tl.arange(0, BS)
+    i, j = r[:, None], r[None, :]
+    X = tl.where(i == j, 1.0, 0.0) - tl.where((i // 2 == j // 2) & (i > j), A, 0.0)  # side 2
+    return _join(_join(_join(X, A, 2, PREC), A, 4, PREC), A, 8, PREC)
+
+
+@triton.jit
+def _invert(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, PREC: tl.constexpr):
+    """𝒯 = (I + A)⁻¹ for a chunk of up to 64 rows as ten 16×16 blocks (missing rows: zero A):
+    the four independent diagonal blocks, then the blocks below,
+    𝒯_ij = −𝒯_ii Σ_{m=j}^{i−1} A_im 𝒯_mj — the same join as inside a block, one level up."""
+    T00 = _diag_inverse(A00, PREC)
+    T11 = _diag_inverse(A11, PREC)
+    T22 = _diag_inverse(A22, PREC)
+    T33 = _diag_inverse(A33, PREC)
+    T10 = -_mm32(T11, _mm32(A10, T00, PREC), PREC)
+    T21 = -_mm32(T22, _mm32(A21, T11, PREC), PREC)
+    T32 = -_mm32(T33, _mm32(A32, T22, PREC), PREC)
+    T20 = -_mm32(T22, _mm32(A20, T00, PREC) + _mm32(A21, T10, PREC), PREC)
+    T31 = -_mm32(T33, _mm32(A31, T11, PREC) + _mm32(A32, T21, PREC), PREC)
+    T30 = -_mm32(T33, _mm32(A30, T00, PREC) + _mm32(A31, T10, PREC) + _mm32(A32, T20, PREC), PREC)
+    return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+
+
+@triton.jit
+def _block_ptrs(x, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
+    """Addresses [16, 16] of block (i, j) of a chunk's C×C matrix stored row t at x + t·H·C
+    (x: the chunk's row 0), and the mask of its entries inside the sequence and the chunk
+    (for C < 64 the blocks past C are masked whole)."""
+    r = tl.arange(0, BS)
+    rows = i * BS + r
+    m = (n * C + rows < T) & (rows < C) & (j * BS < C)
+    return x + rows[:, None] * (H * C) + j * BS + r[None, :], m[:, None]
+
+
+@triton.jit
+def _load_block(a, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
+    ptrs, m = _block_ptrs(a, i, j, n, T, H, C)
+    return tl.load(ptrs, mask=m, other=0.0)
+
+
+@triton.jit
+def _store_block(ai, X, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
+    ptrs, m = _block_ptrs(ai, i, j, n, T, H, C)
+    tl.store(ptrs, X.to(ai.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H,
+                   C: tl.constexpr):
+    """All sixteen blocks of 𝒯, zeros right of the diagonal (the W/U kernel reads whole rows)."""
+    Z = tl.zeros((BS, BS), dtype=tl.float32)
+    _store_block(ai, T00, 0, 0, n, T, H, C)
+    _store_block(ai, Z, 0, 1, n, T, H, C)
+    _store_block(ai, Z, 0, 2, n, T, H, C)
+    _store_block(ai, Z, 0, 3, n, T, H, C)
+    _store_block(ai, T10, 1, 0, n, T, H, C)
+    _store_block(ai, T11, 1, 1, n, T, H, C)
+    _store_block(ai, Z, 1, 2, n, T, H, C)
+    _store_block(ai, Z, 1, 3, n, T, H, C)
+    _store_block(ai, T20, 2, 0, n, T, H, C)
+    _store_block(ai, T21, 2, 1, n, T, H, C)
+    _store_block(ai, T22, 2, 2, n, T, H, C)
+    _store_block(ai, Z, 2, 3, n, T, H, C)
+    _store_block(ai, T30, 3, 0, n, T, H, C)
+    _store_block(ai, T31, 3, 1, n, T, H, C)
+    _store_block(ai, T32, 3, 2, n, T, H, C)
+    _store_block(ai, T33, 3, 3, n, T, H, C)
+
+
+# ---------------------------------------------------------------- the kernels
+
+@triton.jit
+def _key_block(k, g, beta, gsum, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr,
+               BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr):
+    """Rows 16 i … 16 i + 15 of the chunk: keys [16, BK] (tile dtype), β [16], and for per-head
+    gates G [16] summed from the chunk start (gsum: the gates of the rows before the block)."""
+    r = tl.arange(0, BS)
+    dk = tl.arange(0, BK)
+    rows = i * BS + r
+    rm = (n * C + rows < T) & (rows < C)
+    kb = tl.load(k + (rows * H)[:, None] * K + dk[None, :], mask=rm[:, None] & (dk[None, :] < K),
+                 other=0.0).to(DT)
+    bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
+    Gb = tl.zeros((BS,), dtype=tl.float32)
+    if GATE == 1:
+        Gb = tl.cumsum(tl.load(g + rows * H, mask=rm, other=0.0).to(tl.float32), axis=0) + gsum
+    return kb, bb, Gb
+
+
+@triton.jit
+def _kkt_block(ki, kj, bi, Gi, Gj, DIAG: tl.constexpr, GATE: tl.constexpr, IEEE: tl.constexpr):
+    """A_ij = β_i (k_i · k_j) e^{G_i − G_j}, one 16×16 block (strictly lower if DIAG)."""
+    Aij = dot(ki, tl.trans(kj), IEEE)                                             # [16, 16]
+    if GATE == 1:
+        Aij = Aij * tl.exp(tl.minimum(Gi[:, None] - Gj[None, :], 0.0))
+    if DIAG:
+        r = tl.arange(0, BS)
+        Aij = tl.where(r[:, None] > r[None, :], Aij, 0.0)
+    return Aij * bi[:, None]
+
+
+@triton.jit
+def _factor_kernel(q, k, g, beta, aqk, ai, scale, T, H, K: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                   X3: tl.constexpr):
+                   PREC: tl.constexpr):
+    """DeltaNet / Gated DeltaNet: Aqk and 𝒯 of one (chunk, head); A stays in registers."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -213,78 +377,69 @@ def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.co
     # pointers to the chunk's first token of this head, then 32-bit offsets inside the chunk
     # (a [C, BK] tile of 64-bit addresses costs twice the registers)
     r0 = (b * T + n * C).to(tl.int64) * H + h
-    q, k, beta, a, aqk = q + r0 * K, k + r0 * K, beta + r0, a + r0 * C, aqk + r0 * C
-    if GATE == 2:
-        g += r0 * K
-    else:
-        g += r0
+    q, k, g, beta, aqk, ai = q + r0 * K, k + r0 * K, g + r0, beta + r0, aqk + r0 * C, ai + r0 * C
     jc = tl.arange(0, C)
     row = jc * H                                                                  # [C] token rows
     dk = tl.arange(0, BK)
     mk = tm[:, None] & (dk[None, :] < K)
-    if GATE == 2:
-        _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE, X3)
-    else:
-        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)  # [C, BK]
-        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)
-        A = dot(kt, tl.trans(kt), IEEE)                                           # [C, C]
-        Aqk = dot(qt, tl.trans(kt), IEEE)
-        if GATE == 1:
-            G1 = tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
-            E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # ≤ 1 where kept
-            A, Aqk = A * E, Aqk * E
-        bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)               # [C]
-        A = tl.where(jc[:, None] > jc[None, :], A, 0.0) * bt[:, None]             # β_i on row i
-        Aqk = tl.where(jc[:, None] >= jc[None, :], Aqk, 0.0) * scale
-        tl.store(a + row[:, None] * C + jc[None, :], A, mask=tm[:, None])
-        tl.store(aqk + row[:, None] * C + jc[None, :], Aqk.to(aqk.dtype.element_ty), mask=tm[:, None])
+    # Aqk: one [C, C] dot
+    kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)  # [C, BK]
+    qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(DT)
+    Aqk = dot(qt, tl.trans(kt), IEEE)                                             # [C, C]
+    gc = tl.zeros((C,), dtype=tl.float32)
+    if GATE == 1:
+        gc = tl.load(g + row, mask=tm, other=0.0).to(tl.float32)                  # [C]
+        G1 = tl.cumsum(gc, axis=0)
+        Aqk = Aqk * tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))            # ≤ 1 where kept
+    Aqk = tl.where(jc[:, None] >= jc[None, :], Aqk, 0.0) * scale
+    tl.store(aqk + row[:, None] * C + jc[None, :], Aqk.to(aqk.dtype.element_ty), mask=tm[:, None])
+    # A: the ten blocks of four 16-row key blocks, each G offset by the gates before its block
+    k0, b0, G0 = _key_block(k, g, beta, 0.0, 0, n, T, H, K, C, BK, GATE, DT)
+    k1, b1, G1b = _key_block(k, g, beta, tl.sum(tl.where(jc < BS, gc, 0.0)), 1, n, T, H, K, C,
+                             BK, GATE, DT)
+    k2, b2, G2 = _key_block(k, g, beta, tl.sum(tl.where(jc < 2 * BS, gc, 0.0)), 2, n, T, H, K,
+                            C, BK, GATE, DT)
+    k3, b3, G3 = _key_block(k, g, beta, tl.sum(tl.where(jc < 3 * BS, gc, 0.0)), 3, n, T, H, K,
+                            C, BK, GATE, DT)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
+        _kkt_block(k0, k0, b0, G0, G0, True, GATE, IEEE),
+        _kkt_block(k1, k0, b1, G1b, G0, False, GATE, IEEE),
+        _kkt_block(k1, k1, b1, G1b, G1b, True, GATE, IEEE),
+        _kkt_block(k2, k0, b2, G2, G0, False, GATE, IEEE),
+        _kkt_block(k2, k1, b2, G2, G1b, False, GATE, IEEE),
+        _kkt_block(k2, k2, b2, G2, G2, True, GATE, IEEE),
+        _kkt_block(k3, k0, b3, G3, G0, False, GATE, IEEE),
+        _kkt_block(k3, k1, b3, G3, G1b, False, GATE, IEEE),
+        _kkt_block(k3, k2, b3, G3, G2, False, GATE, IEEE),
+        _kkt_block(k3, k3, b3, G3, G3, True, GATE, IEEE), PREC)
+    _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
 
 
 @triton.jit
-def _inverse_kernel(a, ai, T, H, C: tl.constexpr, X3: tl.constexpr):
-    """(I + A)⁻¹ by rows of 16×16 blocks. Row block i needs A's row block i and the finished
-    blocks 𝒯_mj of earlier row blocks, which this program stored and reads back (a barrier
-    between), so no block is ever moved within registers."""
+def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.constexpr,
+                   BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+    """KDA: rows of one sub-chunk of A and Aqk (see `_kda_subchunk`)."""
+    n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    r0 = (b * T + n * C).to(tl.int64) * H + h
+    q, k, g, beta, a, aqk = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, a + r0 * C, aqk + r0 * C
+    _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE, X3)
+
+
+@triton.jit
+def _inverse_kernel(a, ai, T, H, C: tl.constexpr, PREC: tl.constexpr):
+    """KDA: 𝒯 of one (chunk, head) from A's ten 16×16 blocks, loaded at once."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     r0 = (b * T + n * C).to(tl.int64) * H + h
     a, ai = a + r0 * C, ai + r0 * C                                               # the chunk's row 0
-    r = tl.arange(0, BS)
-    jc = tl.arange(0, C)
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)                           # [16, 16]
-    # 1. the diagonal blocks, independent of each other (unrolled, so their chains interleave):
-    # row m of R = 𝒯_ii − I solves R_m = −A_m − Σ_{l<m} A_ml R_l, with A_m read from memory
-    # (no row is pulled out of a register tile); rows above m are final already
-    for i in tl.static_range(C // BS):
-        ti = n * C + i * BS + r
-        ri = (i * BS + r) * H                                                     # [16] rows of block i
-        R = tl.zeros((BS, BS), dtype=tl.float32)
-        for m in tl.static_range(1, BS):
-            am = tl.load(a + (i * BS + m) * H * C + i * BS + r,
-                         mask=(r < m) & (n * C + i * BS + m < T), other=0.0)     # [16] A_m in block
-            Rm = -am - tl.sum(am[:, None] * R, axis=0)
-            R = tl.where(r[:, None] == m, Rm[None, :], R)
-        tl.store(ai + ri[:, None] * C + i * BS + r[None, :], R + eye, mask=(ti < T)[:, None])
-        # zeros right of the diagonal block (columns disjoint from every other store)
-        tl.store(ai + ri[:, None] * C + jc[None, :], tl.zeros((BS, C), dtype=tl.float32),
-                 mask=(ti < T)[:, None] & (jc[None, :] >= (i + 1) * BS))
-    # 2. blocks below the diagonal, row block after row block: 𝒯_ij = −𝒯_ii Σ_{m=j}^{i−1} A_im 𝒯_mj
-    for i in tl.static_range(1, C // BS):
-        tl.debug_barrier()                                       # earlier row blocks are visible
-        ti = n * C + i * BS + r
-        ri = (i * BS + r) * H
-        mi = (ti < T)[:, None]
-        Dinv = tl.load(ai + ri[:, None] * C + i * BS + r[None, :], mask=mi, other=0.0)  # 𝒯_ii
-        for j in tl.static_range(i):
-            acc = tl.zeros((BS, BS), dtype=tl.float32)
-            for m in tl.static_range(j, i):
-                tmm = n * C + m * BS + r
-                rm = (m * BS + r) * H
-                Aim = tl.load(a + ri[:, None] * C + m * BS + r[None, :], mask=mi, other=0.0)
-                Tmj = tl.load(ai + rm[:, None] * C + j * BS + r[None, :],
-                              mask=(tmm < T)[:, None], other=0.0)                 # [16, 16]
-                acc += _f32(Aim, Tmj, X3)
-            tl.store(ai + ri[:, None] * C + j * BS + r[None, :], -_f32(Dinv, acc, X3), mask=mi)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
+        _load_block(a, 0, 0, n, T, H, C), _load_block(a, 1, 0, n, T, H, C),
+        _load_block(a, 1, 1, n, T, H, C), _load_block(a, 2, 0, n, T, H, C),
+        _load_block(a, 2, 1, n, T, H, C), _load_block(a, 2, 2, n, T, H, C),
+        _load_block(a, 3, 0, n, T, H, C), _load_block(a, 3, 1, n, T, H, C),
+        _load_block(a, 3, 2, n, T, H, C), _load_block(a, 3, 3, n, T, H, C), PREC)
+    _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
 
 
 @triton.jit
