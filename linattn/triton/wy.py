@@ -16,9 +16,9 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
    The inversion (`_invert`): forward substitution on the four diagonal blocks, their chains
    interleaved, then 𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the six blocks below, all 16×16
    tiles held as separate variables (no tile is cut out of a larger one).
-2. `_wu_kernel`, one program per (chunk, head, part): W, U, or what stages 2 and 3
-   need (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G): tiled matmuls
-   and elementwise decays.
+2. `_wu_kernel`, two programs per (chunk, head): U; and W with what stages 2 and 3 need from
+   the keys and gates (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G),
+   K and the gates read once: tiled matmuls and elementwise decays.
 
 𝒯 is stored in the tile dtype when only the forward reads it (the W/U dots round it to that
 dtype anyway), in float32 when the backward will.
@@ -112,7 +112,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
     dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
     BV = min(block(V), 64)
-    _wu_kernel[(p.NT, B * H, 3 if p.gate else 2)](
+    _wu_kernel[(p.NT, B * H, 2)](
         q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate == 2 else w, kd,
         dl if p.gate else w, p.scale, T, p.NT, H,
         K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
@@ -446,11 +446,10 @@ def _inverse_kernel(a, ai, T, H, C: tl.constexpr, PREC: tl.constexpr):
 def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    # grid axis 2 splits the work into programs of similar size: part 0 computes W (and
-    # scale · Q ⊙ e^G), with gates part 1 the decays for the state pass, the last all of U, V-block
-    # by V-block, reading 𝒯 (float32, the largest tile here) once. (Computing W in that program
-    # too gave wrong W for bf16 at K ≤ 32 when compiled for an H200, though right under the
-    # interpreter; as one program per V-block, 𝒯 was read once more.)
+    # grid axis 2 splits the work in two programs of similar size: part 0 everything that reads
+    # K and the gates (W, the state pass's decays, scale · Q ⊙ e^G), part 1 all of U, V-block by
+    # V-block, reading 𝒯 once. (Computing W in the U program too gave wrong W for bf16 at K ≤ 32
+    # when compiled for an H200, though right under the interpreter.)
     n, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
@@ -465,8 +464,7 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
     jc = tl.arange(0, C)
     row = jc * H                                                                  # [C]
     bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
-    UP: tl.constexpr = 2 if GATE > 0 else 1                                       # the U part
-    if part >= UP:
+    if part == 1:
         Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
         for iv in tl.static_range(0, V, BV):
             dv = iv + tl.arange(0, BV)
@@ -474,60 +472,40 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
             vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
             Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                         # [C, BV]
             tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
-    elif part == 0:
-        _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K, C, BK, GATE, DT, IEEE)
     else:
-        _decay_part(k, g, kd, dl, row, t, n, bh, T, NT, H, K, C, BK, GATE)
+        _w_part(q, k, g, ai, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
 
 
 @triton.jit
-def _w_part(q, k, g, ai, bt, w, qg, scale, row, t, T, H, K: tl.constexpr, C: tl.constexpr,
-            BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    """W = 𝒯 (β K ⊙ e^G); with per-dimension gates also scale · Q ⊙ e^G (e^G ≤ 1: G from the
-    chunk start)."""
+def _w_part(q, k, g, ai, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K: tl.constexpr,
+            C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
+            IEEE: tl.constexpr):
+    """Everything that reads K (and the gates), from one load of each: W = 𝒯 (β K ⊙ e^G); with
+    gates, for the state pass, K ⊙ e^{G_C − G} and e^{G_C}; with per-dimension gates
+    scale · Q ⊙ e^G. G_C − G_i = g_{i+1} + … + g_C comes from the sum taken from the chunk end
+    minus g_i (never a difference of two long prefix sums); padded rows have g = 0."""
     tm = t < T
     dk = tl.arange(0, BK)
     jc = tl.arange(0, C)
     mk = tm[:, None] & (dk[None, :] < K)
-    kb = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32) * bt[:, None]
-    if GATE > 0:
-        if GATE == 2:
-            eg = tl.exp(tl.cumsum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk,
-                                          other=0.0).to(tl.float32), axis=0))     # [C, BK]
-        else:
-            eg = tl.exp(tl.cumsum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32), axis=0))[:, None]
-        kb = kb * eg
-        if GATE == 2:
-            qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
-            tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty),
-                     mask=mk)
-    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
-    Wt = dot(Ti, kb.to(DT), IEEE)                                                 # [C, BK]
-    tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
-
-
-@triton.jit
-def _decay_part(k, g, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C: tl.constexpr,
-                BK: tl.constexpr, GATE: tl.constexpr):
-    """For the state pass: K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C is summed
-    from the chunk end over the gates shifted up one row, not as a difference of prefix sums
-    (which loses the small remainder next to a large G_i); padded rows have g = 0."""
-    tm = t < T
-    dk = tl.arange(0, BK)
-    jc = tl.arange(0, C)
-    mk = tm[:, None] & (dk[None, :] < K)
-    nxt = ((t + 1) < T) & (jc < C - 1)
     kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
+    eg = tl.full((C, 1), 1.0, tl.float32)                                         # e^G, no gates
     if GATE == 2:
-        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
-                      mask=nxt[:, None] & (dk[None, :] < K), other=0.0).to(tl.float32)
-        gc = tl.sum(tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32),
-                    axis=0)                                                       # [BK] G_C
-        tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                       # [C, BK]
-    else:
-        gsh = tl.load(g + row + H, mask=nxt, other=0.0).to(tl.float32)            # [C]
-        gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(tl.load(g + row, mask=tm, other=0.0).to(tl.float32),
-                                                        axis=0)
-        tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))[:, None]
-    tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
-    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
+        gt = tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
+        eg = tl.exp(tl.cumsum(gt, axis=0))                                        # e^G ≤ 1
+        tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)                   # e^{G_C − G}
+        gc = tl.sum(gt, axis=0)                                                   # [BK] G_C
+        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
+        tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty),
+                 mask=mk)
+    if GATE == 1:
+        gt = tl.load(g + row, mask=tm, other=0.0).to(tl.float32)                  # [C]
+        eg = tl.exp(tl.cumsum(gt, axis=0))[:, None]
+        tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]
+        gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(gt, axis=0)
+    if GATE > 0:
+        tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
+        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
+    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
+    Wt = dot(Ti, (kt * bt[:, None] * eg).to(DT), IEEE)                           # [C, BK]
+    tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)

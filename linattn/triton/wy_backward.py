@@ -106,7 +106,8 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     dKd = tl.load(dkd + offk, mask=mk, other=0.0)
     dBk = tl.load(dbk + offk, mask=mk, other=0.0)
     # the decays: e^G (≤ 1, from the chunk start), e^{G_C − G} summed from the chunk end over the
-    # gates shifted up one row (as the forward's _decay_part), and e^{G_C}
+    # gates shifted up one row (the forward's `_w_part` takes the sum from the chunk end minus
+    # g_i: the same tail, never a difference of two long prefix sums), and e^{G_C}
     nxt = ((t + 1) < T) & (jc < C - 1)
     if GATE == 2:
         gt = tl.load(g + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
