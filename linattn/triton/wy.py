@@ -44,9 +44,11 @@ BS = tl.constexpr(SUB)  # the same, as kernels see it
 # column instead (docs in _diag_dot)
 DIAG_DOT_RANGE = tl.constexpr(60.0)
 # Warps per program, measured on an H200 (bf16, H = 16, K = V = 128, C = 64, T = 1k and 32k):
-# KDA scores (diagonal blocks column by column) 2 / 4 / 8 warps 3.05 / 1.68 / 2.22 ms, W/U 4 warps 0.69 ms vs
-# 8 warps 1.05, inverse 2 warps 0.36 ms vs 4 warps 0.66. (8 warps spill less when compiled for
-# sm_90 on a CPU, yet ran slower.)
+# KDA scores (diagonal blocks column by column) 2 / 4 / 8 warps 3.05 / 1.68 / 2.22 ms, W/U 4 warps
+# 0.69 ms vs 8 warps 1.05; factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps
+# 0.38 / 0.62 / 1.17 ms, with tf32 products 1 and 2 warps alike (0.22); KDA scores + inverse
+# with 1 / 2 / 4 warps for the inverse 1.78 / 1.89 / 2.13 ms. (8 warps spill less when compiled
+# for sm_90 on a CPU, yet ran slower.)
 TUNING = dict(warps_scores=4, warps_inverse=1, warps_factor=2, warps_wu=4)
 
 
