@@ -19,9 +19,9 @@ over k). Secondary chunking (_intra_kernel) splits the chunk into sub-chunks of 
   before sub-chunk i: e^{b_t − b_s} = e^{b_t − r} · e^{r − b_s}, both ≤ 1, so the tile is an
   ordinary (half-precision) tensor-core matmul of absorbed queries and keys;
 - a diagonal tile (i attends to itself) has no point between its queries and keys to split at.
-  It is built in float32 column by column, from the last column to the first: the decay tile
-  E_s[t, :] = e^{b_t − b_s} satisfies E_s[t] = E_{s+1}[t] · e^{g_{s+1}} (t > s) and E_s[s] = 1,
-  so each column costs one exponential per key dimension instead of one per (t, k).
+  It is built in float32 row by row: the decayed keys R_t[s, :] = k_s ⊙ e^{b_t − b_s} (s ≤ t)
+  satisfy R_t = R_{t−1} ⊙ e^{g_t} with row t set to k_t, so each row costs one exponential per
+  key dimension instead of one per (s, k), and row t of A is R_t q_t.
 It writes the chunk's C×C matrix A (float32) in parallel over (sub-chunk, chunk, batch·head); the
 output step then needs two matmuls per chunk, as for per-head gates, where the decay leaves the
 k-sum and the whole chunk is one matmul times a C×C decay mask.
@@ -58,6 +58,10 @@ ran: dict = {}          # ran["mode"]: the mode the last call actually used ("au
 # Two pipeline stages for the fused chunk loop: three (Triton's default) needed 254 KB of shared
 # memory for bf16 tiles at K = V = 128, C = 64 on an H200, over its 227 KB.
 FUSED_STAGES = 2
+# Two stages for the intra-chunk kernel: its off-diagonal loop's buffers then take 17 KB of
+# shared memory instead of 30, and ten programs fit an H200 SM instead of seven (0.50 ms with
+# three stages, 0.42 with two, at the benchmark size).
+INTRA_STAGES = 2
 # Width of the state passes' K and V blocks (`state_config` narrows one of them where that pays).
 STATE_BLOCK = 64
 # The largest chunk these kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
@@ -114,25 +118,49 @@ def _state_step(S, k_base, v_base, gate_base, t0, T, s_k, s_v, s_gate, offs_k, o
 
 
 @triton.jit
-def _diag_tile(q_i, k_base, g_base, s0, T, s_k, offs_k, kmask, c: tl.constexpr):
-    """A_ii [c, c] (float32) of the sub-chunk starting at s0: A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk}, s ≤ t.
+def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c: tl.constexpr):
+    """The diagonal tile A_ii of the sub-chunk starting at s0, stored row by row at a_row0 (row
+    stride s_a): A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t, 0 above the diagonal.
 
-    Columns from last to first, the decay tile updated multiplicatively (module docstring):
-    one exponential per key dimension per column, every factor ≤ 1, rows t < s exactly 0.
-    """
-    idx = tl.arange(0, c)
-    E = tl.zeros_like(q_i)                                         # [c, BK] decay tile; rows t < s stay 0
-    A = tl.zeros([c, c], dtype=tl.float32)
-    for u in range(c):
-        s = c - 1 - u
-        p = (s0 + s) * s_k + offs_k
-        k_s = tl.load(k_base + p, mask=kmask & (s0 + s < T), other=0.0).to(tl.float32)       # [BK]
-        # g of the token after s (inside the sub-chunk and the sequence; else e^0, never used)
-        g_n = tl.load(g_base + p + s_k, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T), other=0.0)  # [BK]
-        E = tl.where(idx[:, None] == s, 1.0, E * tl.exp(g_n)[None, :])                      # E_s
-        col = tl.sum(q_i * k_s[None, :] * E, axis=1)                                          # [c]
-        A = tl.where(idx[None, :] == s, col[:, None], A)
-    return A
+    Rows walked in order with the decayed keys R_t[s] = k_s ⊙ e^{b_t − b_s} (s ≤ t), updated by
+    R_t = R_{t−1} ⊙ e^{g_t} and row t set to k_t: one exponential per key dimension per row,
+    every factor ≤ 1, and row t of A is R_t q_t, stored as one contiguous vector. The key rows
+    are held in two halves of c/2: while t < c/2 the second half is all zero and skipped, after
+    that the first half only decays (no select) — a quarter less tile work. Row t + 1's query
+    and gate are loaded while row t is computed."""
+    HALF: tl.constexpr = c // 2
+    h = tl.arange(0, HALF)
+    p_lo = (s0 + h)[:, None] * s_k + offs_k[None, :]
+    k_lo = tl.load(k_base + p_lo, mask=((s0 + h) < T)[:, None] & kmask[None, :],
+                   other=0.0).to(tl.float32)                                         # [c/2, BK]
+    k_hi = tl.load(k_base + p_lo + HALF * s_k, mask=((s0 + HALF + h) < T)[:, None] & kmask[None, :],
+                   other=0.0).to(tl.float32)                                         # [c/2, BK]
+    R_lo = tl.zeros_like(k_lo)
+    R_hi = tl.zeros_like(k_hi)
+    zeros = tl.zeros([HALF], dtype=tl.float32)
+    q_t = tl.load(q_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0)        # [BK]
+    g_t = tl.load(g_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0)        # [BK]
+    for t in range(HALF):                       # rows 0 … c/2 − 1: every key s ≤ t in the first half
+        nxt = kmask & (s0 + t + 1 < T)
+        q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        R_lo = tl.where(h[:, None] == t, k_lo, R_lo * tl.exp(g_t)[None, :])
+        p = a_row0 + t * s_a + h
+        tl.store(p, tl.sum(R_lo * q_t.to(tl.float32)[None, :], axis=1), mask=s0 + t < T)
+        tl.store(p + HALF, zeros, mask=s0 + t < T)                                    # s > t
+        q_t, g_t = q_n, g_n
+    for t in range(HALF, c):                    # rows c/2 … c − 1: the first half only decays
+        nxt = kmask & (t + 1 < c) & (s0 + t + 1 < T)
+        q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        e = tl.exp(g_t)[None, :]
+        qf = q_t.to(tl.float32)[None, :]
+        R_lo = R_lo * e
+        R_hi = tl.where(h[:, None] == t - HALF, k_hi, R_hi * e)
+        p = a_row0 + t * s_a + h
+        tl.store(p, tl.sum(R_lo * qf, axis=1), mask=s0 + t < T)
+        tl.store(p + HALF, tl.sum(R_hi * qf, axis=1), mask=s0 + t < T)
+        q_t, g_t = q_n, g_n
 
 
 @triton.jit
@@ -152,25 +180,26 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
         idx = tl.arange(0, c)
         rows = s0 + idx
         rmask = rows < T
-        m_qk = rmask[:, None] & kmask[None, :]
-        p_rows = rows[:, None] * H * K + offs_k[None, :]
-        q_i = tl.load(q + base + p_rows, mask=m_qk, other=0.0).to(tl.float32)                # [c, BK]
-        b_i = tl.load(b + base + p_rows, mask=m_qk, other=0.0)                               # [c, BK]
-        # reference r: cumulative gate just before sub-chunk i (0 for the first one)
-        r = tl.load(b + base + (s0 - 1) * H * K + offs_k, mask=kmask & (i_i > 0), other=0.0)  # [BK]
-        # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
-        q_hat = (q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))).to(COMPUTE)              # [c, BK], ≤ |q|
-        p_a = a_base + rows[:, None] * H * C
-        for j in range(i_i):                                  # off-diagonal tiles: tensor-core matmuls
-            p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]                       # rows all < T
-            k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
-            b_j = tl.load(b + base + p_j, mask=kmask[None, :], other=0.0)
-            k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                             # [c, BK], ≤ |k|
-            A_ij = dot(q_hat, tl.trans(k_hat), IEEE)                                         # [c, c]
-            tl.store(p_a + (j * c + idx)[None, :], A_ij, mask=rmask[:, None])
-        # diagonal tile in float32 by the multiplicative column walk (_diag_tile)
-        A_ii = _diag_tile(q_i, k + base, g + base, s0, T, H * K, offs_k, kmask, c)                  # [c, c]
-        tl.store(p_a + (i_i * c + idx)[None, :], A_ii, mask=rmask[:, None])
+        if i_i > 0:                                           # the first sub-chunk has no tile j < i
+            m_qk = rmask[:, None] & kmask[None, :]
+            p_rows = rows[:, None] * H * K + offs_k[None, :]
+            q_i = tl.load(q + base + p_rows, mask=m_qk, other=0.0).to(tl.float32)            # [c, BK]
+            b_i = tl.load(b + base + p_rows, mask=m_qk, other=0.0)                           # [c, BK]
+            # reference r: cumulative gate just before sub-chunk i
+            r = tl.load(b + base + (s0 - 1) * H * K + offs_k, mask=kmask, other=0.0)          # [BK]
+            # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
+            q_hat = (q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))).to(COMPUTE)          # [c, BK], ≤ |q|
+            p_a = a_base + rows[:, None] * H * C
+            for j in range(i_i):                              # off-diagonal tiles: tensor-core matmuls
+                p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]                   # rows all < T
+                k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
+                b_j = tl.load(b + base + p_j, mask=kmask[None, :], other=0.0)
+                k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                         # [c, BK], ≤ |k|
+                A_ij = dot(q_hat, tl.trans(k_hat), IEEE)                                     # [c, c]
+                tl.store(p_a + (j * c + idx)[None, :], A_ij, mask=rmask[:, None])
+        # the diagonal tile in float32 by the multiplicative row walk, stored row by row
+        _diag_rows(k + base, q + base, g + base, a_base + s0 * H * C + i_i * c, s0, T, H * K, H * C,
+                   offs_k, kmask, c)
         # tiles above the diagonal are never written: the output step selects them away (tl.where)
 
 
@@ -480,7 +509,7 @@ def intra_attention(q, k, g, d, C, c, *, b=None):
     A = torch.empty((B, T, H, C), dtype=torch.float32, device=q.device)
     last_launch["intra"] = _intra_kernel[(C // c, triton.cdiv(T, C), B * H)](
         q, k, g, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
-        num_warps=2 if c <= 16 else 4)
+        num_warps=2 if c <= 16 else 4, num_stages=INTRA_STAGES)
     return A
 
 
