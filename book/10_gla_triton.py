@@ -36,7 +36,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # 09 wrote a first Triton kernel. Here the two meet: the GLA forward as Triton kernels, with
 #
 # * the intra-chunk matrix built from $c\times c$ tiles — off-diagonal tiles as tensor-core
-#   matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative column walk;
+#   matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative row walk;
 # * a design choice made twice and measured: walk the chunks in **one fused pass** with the
 #   state on chip, or **materialise the chunk states** first and compute every chunk in parallel;
 # * the two shapes of the GLA paper's Figure 2: time against sequence length next to softmax
@@ -144,19 +144,28 @@ assert testing.rel_err(b, b_ref) < testing.tolerance(torch.float32)
 # tensor-core `tl.dot` with float32 accumulation.
 #
 # The diagonal tile $A_{ii}$ has no split point between its queries and keys (chapter 05), so
-# it is built in float32, column by column. Computing $e^{\,b_{t\kappa}-b_{s\kappa}}$ afresh for
-# every column costs $c\cdot K$ exponentials per column — at the benchmark size about 2000 per
-# token per head, a quarter of a millisecond of the GPU's special-function units alone. The
-# kernel walks the columns from the last to the first instead and keeps the decay tile
-# $E_s[t,\kappa] = e^{\,b_{t\kappa}-b_{s\kappa}}$ up to date by one multiplication:
+# it is built in float32, row by row. Computing $e^{\,b_{t\kappa}-b_{s\kappa}}$ afresh for
+# every row costs $c\cdot K$ exponentials per row — at the benchmark size about 2000 per token
+# per head, a quarter of a millisecond of the GPU's special-function units alone. The kernel
+# walks the rows in order instead and keeps the *decayed keys*
+# $R_t[s,\kappa] = k_{s\kappa}\,e^{\,b_{t\kappa}-b_{s\kappa}}$ up to date by one multiplication:
 #
-# $$E_s[t,:] = E_{s+1}[t,:]\odot e^{\,g_{s+1}}\ (t>s),\qquad E_s[s,:]=1,\qquad E_s[t,:] = 0\ (t<s),$$
+# $$R_t[s,:] = R_{t-1}[s,:]\odot e^{\,g_t}\ (s<t),\qquad R_t[t,:]=k_t,\qquad R_t[s,:] = 0\ (s>t),$$
 #
-# $$A_{ts} = \sum_\kappa q_{t\kappa}\,k_{s\kappa}\,E_s[t,\kappa].$$
+# $$A_{ts} = \sum_\kappa q_{t\kappa}\,R_t[s,\kappa].$$
 #
-# One exponential per key dimension per column (of the gate $g_{s+1}$ itself, read from $g$),
-# every factor $\le 1$ (products that underflow become 0, which is what they are), and rows
-# $t<s$ are exact zeros, never a masked $\infty$.
+# One exponential per key dimension per row (of the gate $g_t$ itself, read from $g$), every
+# factor $\le 1$ (products that underflow become 0, which is what they are), and entries $s>t$
+# are exact zeros, never a masked $\infty$. Row $t$ of $A$ is one contiguous vector, stored
+# straight to memory; the next row's query and gate are loaded while this row is computed. And
+# since $R_t$ is zero below row $t$, the kernel keeps the key rows in two halves: while
+# $t < c/2$ the second half is all zeros and skipped, after that the first half only decays.
+#
+# Walking the *columns* instead (from the last to the first, with the decay tile
+# $E_s[t] = e^{b_t-b_s}$) is the same arithmetic, but a column of $A$ must be pasted into a
+# register tile or stored with a stride; compiled for an H200 that walk had seven barriers and
+# two waited loads in every step, and the kernel took twice as long (0.89 ms against 0.41 at the
+# benchmark size, bf16, 2026-11-23).
 #
 # Check each chunk's $A$ against chapter 05's PyTorch construction (float32 here, so the tiles
 # multiply in float32 in both):
@@ -177,7 +186,7 @@ assert max(errs) < testing.tolerance(torch.float32)
 
 # %% [markdown]
 # The map of one chunk of $A$ (log scale of $|A_{ts}|$): sub-chunk tiles below the diagonal come
-# from matmuls, the diagonal tiles from the float32 column walk, and the decay shows as the
+# from matmuls, the diagonal tiles from the float32 row walk, and the decay shows as the
 # fading away from the diagonal.
 
 # %%
@@ -577,7 +586,7 @@ else:
 #
 # * GLA in Triton is five small kernels, sorted by parallelism: cumulative gates, the intra-chunk
 #   matrix (secondary chunking: matmul tiles below the diagonal, float32 diagonal tiles by a
-#   multiplicative column walk), the state pass (the only sequential part), and the output — or
+#   multiplicative row walk), the state pass (the only sequential part), and the output — or
 #   the state pass and the output fused into one loop with the state in registers.
 # * Every exponent is a difference measured from a point before the query: all factors $\le 1$,
 #   finite for log-gates of −20 per token.

@@ -83,8 +83,9 @@ DEV = linattn.device.default_device()
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
-# | 1a scores `_scores_kernel` | (chunk, head[, sub-chunk]) | $K,Q$ tiles $[C,K]$ (KDA: one sub-chunk's 16 rows) | $KK^\top$, $QK^\top$ (KDA: blocks split at sub-chunk boundaries); writes $A$ (float32) and $A_{qk}$ |
-# | 1b inverse `_inverse_kernel` | (chunk, head) | 16×16 blocks of $A$, read by pointer | 16×16 block products; writes $\mathcal T=(I+A)^{-1}$ (float32) |
+# | 1a factors `_factor_kernel` (DeltaNet, Gated DeltaNet) | (chunk, head) | $K,Q$ tiles $[C,K]$, and $K$ again as four 16-row blocks | $QK^\top$; the ten 16×16 blocks of $KK^\top$, inverted in registers; writes $A_{qk}$ and $\mathcal T=(I+A)^{-1}$ |
+# | 1a KDA scores `_scores_kernel` | (chunk, head, sub-chunk) | one sub-chunk's 16 rows of $K, Q$ | blocks split at sub-chunk boundaries; writes $A$ (float32) and $A_{qk}$ |
+# | 1b KDA inverse `_inverse_kernel` | (chunk, head) | the ten 16×16 blocks of $A$ | the same inversion in registers; writes $\mathcal T$ |
 # | 1c W/U `_wu_kernel` | (chunk, head, part) | $\mathcal T$ $[C,C]$ and one $[C,K]$ or $[C,B_V]$ tile | $\mathcal T(\beta K\odot e^G)$ or $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$ |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
@@ -92,12 +93,13 @@ DEV = linattn.device.default_device()
 # Stages 1 and 3 have a program for every chunk of every head: thousands of programs, all
 # independent. Stage 2 is the only sequential part, and its state never leaves the chip between
 # chunks; it writes each chunk's entering state and $\tilde V$ for stage 3. Every kernel of stage
-# 1 is plain: tiles come from memory, go through `tl.dot` or elementwise math, and go back to
-# memory — no tile is ever cut out of, or pasted into, a bigger register tile (Triton has no cheap
-# way to do that, and an earlier version of this kernel spent most of its time doing it). The
-# library exposes the stages one by one (`plan`, `scores_stage`, `inverse_stage`, `wu_stage` —
-# together `wy_stage` — then `state_stage`, `output_stage`), and we use that to check each on its
-# own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a
+# 1 is plain: each tile is loaded or computed at the size it is used at, goes through `tl.dot` or
+# elementwise math, and goes back to memory — no tile is ever cut out of, or pasted into, a bigger
+# register tile (Triton has no cheap way to do that, and an earlier version of this kernel spent
+# most of its time doing it). Where the 16×16 blocks of a $C\times C$ matrix are needed, they are
+# ten separate variables from the start. The library exposes the stages one by one (`plan`,
+# `factor_stage` — for KDA `scores_stage` then `inverse_stage` —, `wu_stage`, together
+# `wy_stage`; then `state_stage`, `output_stage`), and we use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a
 # larger `chunk_size` is refused by name, because on the H200 DeltaNet at $C = 128$ in float32 and
 # KDA at $C = 256$ in bf16 ($K = V = 128$) had not finished compiling after minutes.
 
@@ -156,8 +158,10 @@ print("exact scores finite:", bool(exact.isfinite().all()))
 # $G_C - G_i = g_{i+1}+\dots+g_C$ is summed from the end of the chunk (`tl.cumsum(…, reverse=True)`
 # over the gates shifted by one row), not formed as a difference of two large prefix sums.
 #
-# For Gated DeltaNet the decay is one number per pair $(i,j)$: the kernel takes $KK^\top$ with a
-# single dot and multiplies by the $C\times C$ matrix $e^{\min(G_i-G_j,0)}$ — no split needed.
+# For Gated DeltaNet the decay is one number per pair $(i,j)$: the factor kernel takes each
+# 16×16 block of $KK^\top$ with one dot and multiplies it by its block of $e^{\min(G_i-G_j,0)}$ —
+# no split needed; DeltaNet skips the factor. Their $A$ never goes to memory: it is inverted where
+# it was computed (section 3).
 # The picture shows which blocks of $A$ (strict) and $A_{qk}$ (diagonal included) come from where:
 
 # %%
@@ -185,22 +189,41 @@ plt.show()
 # $$\mathcal T_{ii} = (I + A_{ii})^{-1},\qquad
 #   \mathcal T_{ij} = -\,\mathcal T_{ii}\sum_{m=j}^{i-1} A_{im}\,\mathcal T_{mj}\quad (j < i).$$
 #
-# The diagonal blocks are independent 16-step forward substitutions; a block below the diagonal
-# needs only blocks of earlier block rows. So `_inverse_kernel` first inverts the $C/16$
-# diagonal blocks (their 15-step chains interleave), then fills block row after block row with
-# 16×16 dots. Every block comes from memory by pointer — the row $A_m$ of a forward-substitution
-# step, the blocks $A_{im}$ and the finished $\mathcal T_{mj}$, which the program itself stored
-# one block row earlier (a `tl.debug_barrier()` between the stores and the loads makes them
-# visible to all its threads). In a few lines of PyTorch:
+# The diagonal blocks are independent of each other; a block below the diagonal needs only blocks
+# of earlier block rows. The diagonal blocks themselves could be done by forward substitution — 15
+# dependent row steps, each a sum across the threads that hold the block, then a row pasted back.
+# The kernels use the same block formula once more, inside the block. Suppose $X$ inverts the
+# diagonal blocks of side $s$ of $I + A$ (start: $s = 1$, $X = I$). Two neighbouring blocks of
+# side $s$ form one of side $2s$; what joins them is $L$, the entries of $A$ with the row in the
+# lower and the column in the upper neighbour. Then $LXL = 0$ ($XL$ maps the upper half into the
+# lower one, and $L$ reads only the upper half), so
+#
+# $$(X^{-1} + L)^{-1} = X - XLX\qquad	ext{exactly.}$$
+#
+# Four joins, $s = 1 \to 2 \to 4 \to 8 \to 16$, invert a 16×16 block with 16×16 products on
+# the tensor cores (the first join is just $I - L$, no product). With the four diagonal blocks
+# done, the six blocks below are the formula above: ten register tiles in, sixteen out (zeros
+# right of the diagonal), nothing moved inside a tile. In a few lines of PyTorch:
 
 # %%
+def doubling_inverse(A):
+    """(I + A)⁻¹ for strictly lower-triangular A [n, n], n a power of two, as `_diag_inverse`."""
+    n = A.shape[-1]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    X, s = torch.eye(n, dtype=A.dtype), 1
+    while s < n:                  # join neighbouring blocks of side s into blocks of side 2s
+        L = torch.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)
+        X, s = X - X @ L @ X, 2 * s
+    return X
+
+
 def block_inverse(A, sub=16):
-    """(I + A)⁻¹ for strictly lower-triangular A [C, C], by 16×16 blocks as `_inverse_kernel`."""
+    """(I + A)⁻¹ for strictly lower-triangular A [C, C], by 16×16 blocks as `_invert`."""
     nb = A.shape[-1] // sub
     blk = lambda M, i, j: M[i * sub:(i + 1) * sub, j * sub:(j + 1) * sub]  # noqa: E731 (a view)
     Ti = torch.zeros_like(A)
-    for i in range(nb):                                    # diagonal blocks: forward substitution
-        blk(Ti, i, i)[:] = cdelta.unit_lower_inverse(blk(A, i, i))
+    for i in range(nb):                                    # diagonal blocks: doubling
+        blk(Ti, i, i)[:] = doubling_inverse(blk(A, i, i))
     for i in range(1, nb):                                 # then block rows, top to bottom
         for j in range(i):
             acc = sum(blk(A, i, m) @ blk(Ti, m, j) for m in range(j, i))
@@ -210,18 +233,38 @@ def block_inverse(A, sub=16):
 
 kb = torch.nn.functional.normalize(torch.randn(64, 32, dtype=torch.float64), dim=-1)
 A64 = (0.9 * kb @ kb.T).tril(-1)
-err = testing.rel_err(block_inverse(A64), torch.linalg.inv(torch.eye(64, dtype=torch.float64) + A64))
-print(f"block inverse vs torch.linalg.inv: {err:.2e}")
+exact = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + A64)
+err = testing.rel_err(block_inverse(A64), exact)
+print(f"block inverse (doubling on the diagonal) vs torch.linalg.inv: {err:.2e}")
 assert err < 1e-12
 
 # %% [markdown]
-# The kernel computes in float32; on the GPU each 16×16 product runs on the tensor cores as three
-# tf32 products (`input_precision="tf32x3"`, about float32 accuracy; plain tf32 would keep 10
-# bits), under the interpreter as exact float32. Then `_wu_kernel` gives
-# $W = \mathcal T(\beta\,K\odot e^{G})$ and $U = \mathcal T(\beta V)$, one program per
-# $[C, K]$ or $[C, B_V]$ output tile. Run the three kernels of stage 1 and compare what each
-# wrote with the chunk level (`linattn.chunk.delta`, float64 here): $A$ and $\mathcal T$, then
-# the factors $W$, $U$ and $A_{qk}$:
+# **What breaks if** a join skips a level — say from side 4 straight to 16, taking every entry
+# between the four blocks of side 4 into one $L$? Then $L$ links block 1 to block 2 and block 2 to
+# block 3, $LXL \ne 0$, and $X - XLX$ is only the first two terms of a longer series:
+
+# %%
+A16 = A64[:16, :16]
+i16, j16 = torch.arange(16)[:, None], torch.arange(16)[None, :]
+X4 = torch.linalg.inv(torch.eye(16, dtype=torch.float64) + torch.where(i16 // 4 == j16 // 4, A16, 0.0))
+L = torch.where(i16 // 4 != j16 // 4, A16, 0.0)              # all joins at once
+skip = X4 - X4 @ L @ X4
+print(f"skipping a level: rel err {testing.rel_err(skip, exact[:16, :16]):.1e}; "
+      f"‖LXL‖ = {(L @ X4 @ L).norm():.2f} (0 for a join of two neighbours)")
+assert testing.rel_err(skip, exact[:16, :16]) > 1e-3
+
+# %% [markdown]
+# The kernels compute in float32. On the GPU each 16×16 product runs on the tensor cores with
+# the precision its result needs: for float32 inputs as three tf32 products
+# (`input_precision="tf32x3"`, about float32 accuracy), for bf16 or fp16 inputs as one tf32
+# product (10-bit mantissa) — the $W$/$U$ dots round $\mathcal T$ to the 8 bits of bf16 anyway,
+# so a third of the tensor-core work buys nothing there. Under the interpreter they are exact
+# float32. When only the forward reads $\mathcal T$, it is stored in the tile dtype; the backward
+# gets float32. Then `_wu_kernel` gives $W = \mathcal T(\beta\,K\odot e^{G})$ and
+# $U = \mathcal T(\beta V)$, one program per $[C, K]$ or $[C, B_V]$ output tile. Run the three
+# kernels of KDA's stage 1 and compare what each wrote with the chunk level
+# (`linattn.chunk.delta`, float64 here): $A$ and $\mathcal T$, then the factors $W$, $U$ and
+# $A_{qk}$:
 
 # %%
 wy = tdelta.wy_stage(*(x.contiguous() for x in (q, k, v, g, beta)), p)
@@ -409,8 +452,8 @@ if rows:
 # does many small dense products per chunk, far more work than the bytes it moves.
 # The relative errors are within the bf16 tolerance ($10^{-2}$).
 #
-# **Three designs of stage 1.** How the same algebra is laid out in registers decides the speed,
-# and only a GPU shows it. Three designs of stage 1, each correct in the interpreter:
+# **Four designs of stage 1.** How the same algebra is laid out in registers decides the speed,
+# and only a GPU shows it. Four designs of stage 1, each correct in the interpreter:
 #
 # 1. **One kernel on rank-3 and rank-4 register tensors** (`[C/16, 16, K]`, pulling row $j$ of a
 #    block out with a masked sum) — natural in NumPy. Natively it faulted in bf16, and the scores
@@ -419,11 +462,19 @@ if rows:
 #    dots with 0/1 matrices and a serial inverse. No fault, but still slow: KDA about 12 ms at
 #    $T = 1$k, DeltaNet 3–4× slower than design 1; a per-kernel profile (`tools/profile_ops.py`)
 #    put nearly all of it in that one kernel, in the placement dots and the serial inverse.
-# 3. **Three plain kernels** (scores, block inverse, $W$/$U$; sections 1–3), every block moved
-#    through memory by pointer, never placed or extracted in registers: the kernels this chapter
-#    runs, and the recorded run above.
+# 3. **Three plain kernels** (scores, block inverse, $W$/$U$), every block moved through memory
+#    by pointer, the diagonal blocks inverted by forward substitution with their rows read from
+#    memory. Correct and several times faster than design 1 for KDA; for DeltaNet the scores and
+#    the inverse still took 0.44 ms at $T = 1$k, and $A$ went to memory and back in float32.
+# 4. **Blocks as separate variables** (sections 1–3, the kernels this chapter runs, and the
+#    recorded run above): a 16×16 block is computed or loaded at that size and stays its own
+#    register tile, so nothing is ever cut out; the diagonal blocks are inverted by doubling on
+#    the tensor cores. For DeltaNet and Gated DeltaNet the scores and the inverse are one kernel
+#    and $A$ never leaves the chip. On the H200 (bf16, $T = 1$k, 16 heads, 2026-11-23) Gated
+#    DeltaNet's scores + inverse went from 0.469 ms (design 3) to 0.223 ms, its forward from
+#    1.19 to 0.88 ms.
 #
-# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against design 3:
+# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against design 4:
 
 # %%
 old = bench.recorded_run("11_kda_triton.json")

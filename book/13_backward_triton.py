@@ -196,7 +196,7 @@ assert testing.rel_err(ours["initial_state"], D0) < 1e-5
 #   Either way one reference serves every tile a program sums, and every exponent is $\le 0$.
 # * **Diagonal tiles** have no point between their queries and keys; they are summed in float32
 #   with decay tiles built one gate factor ($\le 1$) at a time. For $dq$ (a sum over columns $s$ for
-#   each row $t$) the forward's column walk: the decay column $E_s[t] = e^{b_t-b_s}$ from $E_{s+1}$
+#   each row $t$) a column walk: the decay column $E_s[t] = e^{b_t-b_s}$ from $E_{s+1}$
 #   with one exponential per key dimension. For $dk$ (a sum over rows $t$ for each column $s$) the
 #   same walk over rows, $F_t[s] = F_{t-1}[s]\,e^{g_t}$: each row adds the rank-one tile
 #   $dA_{t,\cdot}\otimes q_t \odot F_t$ to all of $dk$ at once, where walking columns would need a

@@ -25,7 +25,7 @@ chunking (sub-chunks of c tokens):
   just before sub-chunk i; for dk (key sub-chunk i, queries i' > i) r is b at the last token of
   sub-chunk i, so one reference serves all the tiles one program sums;
 - a diagonal tile is summed in float32 with decay tiles built one gate factor (≤ 1) at a time:
-  for dq the forward's column walk, E_s[t] = e^{b_t − b_s} from E_{s+1}[t] · e^{g_{s+1}}; for dk a
+  for dq a column walk, E_s[t] = e^{b_t − b_s} from E_{s+1}[t] · e^{g_{s+1}}; for dk a
   row walk, F_t[s] = F_{t−1}[s] · e^{g_t}, which adds one rank-one tile per row instead of summing
   across rows.
 
