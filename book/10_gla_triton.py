@@ -94,7 +94,8 @@ DEV = linattn.device.default_device()
 # The per-dimension case can also run without $A$ and $b$ in memory: each kernel sums its own
 # gates, and the output kernel builds the tiles of $A$ and multiplies them by $V$ on chip. On an
 # H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$; triton 3.6, 2026-11-21) that version
-# takes 3.24 ms against about 1.8–1.9 ms for the pipeline above; its state pass alone takes
+# takes 3.24 ms against about 1.8–1.9 ms for the pipeline above as it was then (§6 times it
+# now); its state pass alone takes
 # 0.69 ms, three times FLA's 0.22 ms for the same step. A likely reason is that its `tl.cumsum` of
 # a $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
 # reads $b$. Saving memory traffic is not always saving time.
@@ -411,9 +412,11 @@ else:
 #   scan sits in the sequential state loop; the states time then splits about evenly between the
 #   state pass and the output kernel.
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
-#   lines above list where each op meets it. GLA with per-dimension gates is furthest off at short
-#   $T$, where its float32 intra-chunk matrix (§3) costs more than FLA's two kernels for the same
-#   matrix (`tools/profile_ops.py` times every kernel of both).
+#   lines above list where each op meets it. In the recorded run GLA with per-dimension gates is
+#   ahead at every length, mostly through its intra-chunk kernel: the row walk of §3 takes
+#   0.42 ms where FLA's two kernels for the same matrix take 0.77 (`tools/profile_ops.py` at
+#   $T = 1$k, which times every kernel of both). Per-head GLA is level with FLA up to 16k and
+#   ahead at 32k: both then spend their time in the same two steps, the state pass and the output.
 # * **Against the memory floor.** GLA is far from the aim of 2× the floor, as is FLA's own
 #   `chunk_gla`: the intra-chunk matrix is compute, not traffic. Linear attention comes closest.
 
@@ -597,10 +600,10 @@ else:
 #   encodes that rule.
 # * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
 #   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
-# * Against FLA and softmax attention (recorded run, §6–7): linear attention is ahead of FLA while
-#   the fused grid is full and level beyond; per-head GLA is level with FLA; per-dimension GLA is
-#   behind FLA except at the longest length, and overtakes causal SDPA only from several thousand
-#   tokens — the paper's Figure 2, left, in shape, not yet at the speed we aim for.
+# * Against FLA and softmax attention (recorded run, §6–7): linear attention is ahead of FLA at
+#   every length; per-head GLA is level with FLA and ahead at the longest; per-dimension GLA is
+#   ahead of FLA at every length, and overtakes causal SDPA only from several thousand tokens —
+#   the paper's Figure 2, left, in shape, not yet at the crossing we aim for (2k).
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
 #   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep inter falls as predicted,
 #   intra stays flat, and $C = 64$ is fastest; on a GPU the sweep runs live up to $C = 256$.

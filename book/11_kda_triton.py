@@ -79,14 +79,15 @@ DEV = linattn.device.default_device()
 #   S' = e^{G_C}\odot S + (K\odot e^{G_C-G})^\top \tilde V,$$
 #
 # with $(A_{qk})_{ij} = \text{scale}\sum_d q_{id}k_{jd}e^{G_{id}-G_{jd}}$ for $j\le i$. Only the middle
-# line involves $S$. So the work splits into three stages, the first of them three kernels:
+# line involves $S$. So the work splits into three stages, the first of them two kernels (three
+# for KDA):
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
 # | 1a factors `_factor_kernel` (DeltaNet, Gated DeltaNet) | (chunk, head) | $K,Q$ tiles $[C,K]$, and $K$ again as four 16-row blocks | $QK^\top$; the ten 16×16 blocks of $KK^\top$, inverted in registers; writes $A_{qk}$ and $\mathcal T=(I+A)^{-1}$ |
 # | 1a KDA scores `_scores_kernel` | (chunk, head, sub-chunk) | one sub-chunk's 16 rows of $K, Q$ | blocks split at sub-chunk boundaries; writes $A$ (float32) and $A_{qk}$ |
 # | 1b KDA inverse `_inverse_kernel` | (chunk, head) | the ten 16×16 blocks of $A$ | the same inversion in registers; writes $\mathcal T$ |
-# | 1c W/U `_wu_kernel` | (chunk, head, part) | $\mathcal T$ $[C,C]$ and one $[C,K]$ or $[C,B_V]$ tile | $\mathcal T(\beta K\odot e^G)$ or $\mathcal T(\beta V)$; also stores $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$ |
+# | 1c W/U `_wu_kernel` | (chunk, head, part of 2) | $\mathcal T$ $[C,C]$ with $K$ and the gates, or with $V$ | $\mathcal T(\beta K\odot e^G)$, storing also $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$; or $\mathcal T(\beta V)$, $B_V$ columns at a time |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #
@@ -444,10 +445,10 @@ if rows:
               f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
 
 # %% [markdown]
-# Read plainly: **our delta-rule kernels are correct; at the longest length they are ahead of
-# FLA's, below it slower** — DeltaNet slightly, KDA the most, with KDA's gap widest at short $T$,
-# where stage 1 (every chunk at once) is most of the work. Our aim for KDA — a forward no slower
-# than FLA's at every $T$ — is not met by these kernels. Against the memory floor (every input read once and the output written once at
+# Read plainly: **our delta-rule kernels are correct; DeltaNet is ahead of FLA at every length,
+# Gated DeltaNet level with it at short $T$ and ahead at long $T$, KDA behind** — most at short
+# $T$, where stage 1 (every chunk at once) is most of the work. Our aim for KDA — a forward no
+# slower than FLA's at every $T$ — is not met by these kernels. Against the memory floor (every input read once and the output written once at
 # the copy bandwidth measured in the same run) all three are an order of magnitude away: stage 1
 # does many small dense products per chunk, far more work than the bytes it moves.
 # The relative errors are within the bf16 tolerance ($10^{-2}$).
@@ -483,7 +484,7 @@ if not old:
 else:
     print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
     now = {r["T"]: r for r in rows}
-    print("ms, design 1 → design 3 (design 3 / design 1):")
+    print("ms, design 1 → design 4 (design 4 / design 1):")
     print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
     for r in old["base"]:
         if r["T"] in now:
@@ -493,11 +494,12 @@ else:
         print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
 # %% [markdown]
-# For KDA, design 3 is several times faster than design 1, whose one stage-1 kernel
+# For KDA, design 4 is several times faster than design 1, whose one stage-1 kernel
 # (`_wy_kernel`) took almost all of KDA's time. For DeltaNet and Gated DeltaNet, whose scores
-# carry no per-dimension decay, design 1 was *faster* than design 3. A likely reason: its one
-# kernel kept the chunk's blocks on chip, where design 3 writes and re-reads them between three
-# kernels (not profiled separately).
+# carry no per-dimension decay, design 1 was faster than design 3: its one kernel kept the
+# chunk's blocks on chip, where design 3 wrote $A$ and read it back between kernels. Design 4
+# keeps $A$ on chip as design 1 did, without moving blocks inside register tiles, and is faster
+# than both.
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
@@ -512,24 +514,29 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# **Where the time goes.** A per-kernel profile of design 3 (`tools/profile_ops.py`, H200, bf16,
-# triton 3.6, fla 0.6.0, 2026-11-23, ms):
+# **Where the time goes.** A per-kernel profile (`tools/profile_ops.py`, H200, bf16, triton 3.6,
+# fla 0.6.0, 2026-11-23, ms; for DeltaNet and Gated DeltaNet scores and inverse are one kernel):
 #
-# | | $T$ | scores | inverse | W/U | state pass | output | total | FLA total | FLA state pass |
-# |---|---|---|---|---|---|---|---|---|---|
-# | DeltaNet | 1k | 0.112 | 0.333 | 0.199 | 0.219 | 0.176 | 1.040 | 0.988 | 0.214 |
-# | DeltaNet | 32k | 0.123 | 0.334 | 0.213 | 0.426 | 0.182 | 1.278 | 1.497 | 0.700 |
-# | KDA | 1k | 1.592 | 0.330 | 0.786 | 0.222 | 0.197 | 3.127 | 1.721 | 0.250 |
-# | KDA | 32k | 1.594 | 0.331 | 0.812 | 0.461 | 0.201 | 3.399 | 2.730 | 1.207 |
+# | | $T$ | scores + inverse | W/U | state pass | output | total | FLA total | FLA state pass |
+# |---|---|---|---|---|---|---|---|---|
+# | DeltaNet | 1k | 0.183 | 0.167 | 0.219 | 0.177 | 0.745 | 0.987 | 0.215 |
+# | DeltaNet | 32k | 0.187 | 0.182 | 0.425 | 0.185 | 0.978 | 1.490 | 0.694 |
+# | Gated DeltaNet | 1k | 0.215 | 0.217 | 0.220 | 0.184 | 0.836 | 0.840 | 0.223 |
+# | Gated DeltaNet | 32k | 0.228 | 0.243 | 0.458 | 0.197 | 1.125 | 1.578 | 0.926 |
+# | KDA | 1k | 1.580 + 0.092 | 0.704 | 0.221 | 0.196 | 2.794 | 1.717 | 0.248 |
+# | KDA | 32k | 1.579 + 0.096 | 0.728 | 0.456 | 0.200 | 3.060 | 2.694 | 1.172 |
 #
-# For DeltaNet at $T = 1$k no one kernel dominates: the block inverse is the largest (0.333 ms),
-# and the three kernels of stage 1 together take 0.644 ms, 62% of the total. At $T = 32$k, with
-# one sequence of 16 heads, the sequential state pass is the largest kernel, and ours (0.426 ms)
-# is ahead of FLA's (0.700): every load in its chunk loop is software-pipelined (chapter 10, §4 —
-# here the keys stay in bf16 and the chunk's decay is loaded one chunk ahead, so no load in the
-# loop is waited on in the step that issues it). For KDA the scores kernel alone (1.59 ms) takes
-# nearly as long as FLA's whole forward at $T = 1$k (1.72 ms), and its W/U kernel (0.79 ms against
-# DeltaNet's 0.20) is the next candidate.
+# DeltaNet's stage 1 (0.35 ms at $T = 1$k) is now well under FLA's (scores 0.06, inverse 0.32,
+# W/U 0.15). For Gated DeltaNet at $T = 1$k the two forwards are level: our factor kernel (0.215)
+# is a little slower than FLA's fused scores + inverse (0.190) — ours also writes $A_{qk}$, which
+# FLA's output kernel recomputes — and our W/U (0.217 against 0.150) also writes the decayed keys
+# $\tilde K$ that FLA's state pass forms itself; our state pass and output make up the
+# difference. At $T = 32$k, with one sequence of 16 heads, the sequential state pass is the
+# largest kernel, and ours is ahead of FLA's (0.43 against 0.69 ms for DeltaNet, 0.46 against
+# 0.93 for Gated DeltaNet): every load in its chunk loop is software-pipelined (chapter 10, §4 —
+# here the keys stay in bf16 and the chunk's decay is loaded one chunk ahead). For KDA the scores
+# kernel alone (1.58 ms) takes nearly as long as FLA's whole forward at $T = 1$k (1.72 ms), and
+# its W/U kernel (0.70 ms against FLA's 0.25) is the next candidate.
 #
 # One cost can be seen on a CPU without a GPU: Triton compiles for a GPU it does not have
 # (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
@@ -543,26 +550,28 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 # %% [markdown]
 # ## Summary
 #
-# * The delta rule's chunk form is three stages: a fully parallel **WY/UT** stage (three plain
-#   kernels: scores, block inverse, $W$ and $U$), a sequential **affine state pass** that keeps $S$
+# * The delta rule's chunk form is three stages: a fully parallel **WY/UT** stage (plain kernels:
+#   factors — scores and inverse in one for DeltaNet and Gated DeltaNet, two for KDA — then $W$
+#   and $U$), a sequential **affine state pass** that keeps $S$
 #   on chip and applies $S' = MS + B$ through $\tilde V = U - WS$, and a fully parallel **output**
 #   stage.
 # * No exponential can overflow: between sub-chunks the decay is split at the sub-chunk boundary
 #   (two factors $\le 1$ around a tensor-core dot); a 16×16 diagonal block is one float32 dot split
 #   at its first token when its gates decay by less than 60, else built column by column with
 #   factors $e^{g}\le 1$. Log-gates of $-20$ per token give no NaN.
-# * $(I+A)^{-1}$ comes from 16×16 forward substitutions on the diagonal blocks and
-#   $\mathcal T_{ij} = -\mathcal T_{ii}\sum_m A_{im}\mathcal T_{mj}$ below them, every block read
-#   from memory by pointer.
+# * $(I+A)^{-1}$ comes from ten 16×16 register tiles: the diagonal blocks by doubling
+#   ($X \leftarrow X - XLX$, exact because $LXL = 0$), the blocks below by
+#   $\mathcal T_{ij} = -\mathcal T_{ii}\sum_m A_{im}\mathcal T_{mj}$, on the tensor cores (one tf32
+#   pass for bf16 inputs, three for float32).
 # * Gated DeltaNet (one gate per head) and DeltaNet (no gate) are the same kernels with the decay
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
-# * Measured on an H200 (the recorded run of section 8): correct; ahead of FLA at the longest
-#   length, where the pipelined state pass dominates, and slower below — DeltaNet the least, KDA
-#   the most; the aim for KDA (no slower than FLA at every $T$) is not met. How
-#   stage 1 is laid out in registers decides the speed: three plain kernels with blocks moved
-#   through memory are several times faster for KDA than one kernel on rank-3 register tensors.
+# * Measured on an H200 (the recorded run of section 8): correct; DeltaNet ahead of FLA at every
+#   length, Gated DeltaNet level at short $T$ and ahead at long $T$, KDA behind (its scores
+#   kernel); the aim for KDA (no slower than FLA at every $T$) is not met. How stage 1 is laid out
+#   in registers decides the speed: blocks kept as separate tiles and inverted where they were
+#   computed beat both one kernel on rank-3 register tensors and blocks moved through memory.
 #
 # **Workbook:** [`exercises/11_kda_triton.py`](../exercises/11_kda_triton.py) — write the
 # stage-1 kernels and the state pass yourself, checked against the library's. The kernels' own
