@@ -1,4 +1,4 @@
-"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, five kernels.
+"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, four kernels (five for KDA).
 
 Notation (as in linattn.chunk.delta): a chunk of C tokens enters with state S [K, V]; G_i is the
 log-decay summed from the chunk start (per key dimension for KDA, one per head for Gated DeltaNet,
@@ -8,11 +8,12 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
     O  = scale (Q ⊙ e^G) S + Aqk Ṽ,      Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}  (j ≤ i)
     S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
 
-Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): three plain kernels for A and
-    Aqk, T = (I + A)⁻¹, and W, U plus K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential
-    loop has no exponentials) and, for per-dimension gates, scale · Q ⊙ e^G for stage 3 (a
-    per-head gate's e^G is one number per token, applied by stage 3 itself). How the decays stay
-    finite with log-gates down to −20 per token is told there.
+Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): plain kernels for Aqk and
+    T = (I + A)⁻¹ (one kernel, A kept on chip; KDA: scores, then inverse), and for W, U plus
+    K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials) and,
+    for per-dimension gates, scale · Q ⊙ e^G for stage 3 (a per-head gate's e^G is one number per
+    token, applied by stage 3 itself). How the decays stay finite with log-gates down to −20 per
+    token is told there.
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
