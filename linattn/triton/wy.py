@@ -61,14 +61,18 @@ def inverse_precision(p) -> str:
     return "tf32x3" if p.ieee else "tf32"
 
 
-def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
+def factor_stage(q, k, g, beta, p, ai_dtype=None, keep_a=False) -> dict:
     """aqk [B,T,H,C] = scale · Aqk in the tile dtype (diagonal included) and ai = 𝒯 [B,T,H,C]
     (unit lower triangular) in ai_dtype (default the tile dtype; float32 for the backward); row t
     holds its chunk's row, zeros right of the diagonal. KDA goes through A in memory
-    (`scores_stage`, `inverse_stage`); the other two compute and invert A in one kernel."""
+    (`scores_stage`, `inverse_stage`; keep_a: return it too); the other two compute and invert A
+    in one kernel."""
     if p.gate == 2:
         s = scores_stage(q, k, g, beta, p)
-        return dict(aqk=s["aqk"], ai=inverse_stage(s.pop("a"), p, ai_dtype))
+        s["ai"] = inverse_stage(s["a"], p, ai_dtype)
+        if not keep_a:
+            del s["a"]
+        return s
     aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
     ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=ai_dtype or p.work, device=p.device)
     _factor_kernel[(p.NT, p.B * p.H)](
@@ -125,11 +129,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
 def wy_stage(q, k, v, g, beta, p) -> dict:
     """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai, the W/U outputs,
     and for KDA the scores A too."""
-    if p.gate == 2:
-        s = scores_stage(q, k, g, beta, p)
-        s["ai"] = inverse_stage(s["a"], p, torch.float32)
-    else:
-        s = factor_stage(q, k, g, beta, p, torch.float32)
+    s = factor_stage(q, k, g, beta, p, torch.float32, keep_a=True)
     return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
