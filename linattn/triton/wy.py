@@ -13,9 +13,10 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
      and Aqk: left of the diagonal one dot split at the sub-chunk boundary, the 16×16 diagonal
      block by one float32 dot or, for gates that decay by 60 or more within the sub-chunk,
      column by column. Then `_inverse_kernel` loads A's ten blocks and inverts them the same way.
-   The inversion (`_invert`): forward substitution on the four diagonal blocks, their chains
-   interleaved, then 𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the six blocks below, all 16×16
-   tiles held as separate variables (no tile is cut out of a larger one).
+   The inversion (`_invert`): each diagonal block by doubling the inverted block side
+   (X ← X − X L X, `_diag_inverse`), then 𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the six blocks
+   below, all 16×16 tiles held as separate variables (no tile is cut out of a larger one), every
+   product on the tensor cores.
 2. `_wu_kernel`, two programs per (chunk, head): U; and W with what stages 2 and 3 need from
    the keys and gates (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G),
    K and the gates read once: tiled matmuls and elementwise decays.
