@@ -193,14 +193,14 @@ def forward_bytes(op, gate, B, T, H, K, V, C, dtype):
     R, NT = B * T * H, -(-T // C)
     w = 4 if dtype == torch.float32 or not GPU else torch.tensor([], dtype=dtype).element_size()
     gated = gate is not None
-    a, aqk, ai = R * C * 4, R * C * w, R * C * 4
+    aqk, ai = R * C * w, R * C * 4
     W, U, hs = R * K * w, R * V * w, B * H * NT * K * V * w
     kd = R * K * w if gated else 0
     qg = R * K * w if gate == "per_dim" else 0                  # a per-head e^G is applied in place
     dl = B * H * NT * K * 4 if gated else 0
+    flags = B * H * NT * 4 if gate == "per_dim" else 0          # KDA: the chunks redone exactly
     o = R * V * torch.tensor([], dtype=dtype).element_size()
-    return max(a + aqk + ai,                                    # the inverse: A and 𝒯
-               aqk + ai + W + U + qg + kd + dl,                 # W, U: 𝒯 still read
+    return max(aqk + ai + W + U + qg + kd + dl + flags,         # W, U: 𝒯 still read (A: registers)
                aqk + W + U + qg + kd + dl + hs,                 # the state pass (Ṽ over U)
                aqk + qg + U + hs + o)                           # the output stage
 

@@ -78,9 +78,10 @@ def test_strong_gates(gate, chunk, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_mixed_gate_strengths(dtype):
-    # KDA builds a 16×16 diagonal block by one dot when its gates decay by less than
-    # DIAG_DOT_RANGE over the sub-chunk, else column by column: here sub-chunks of both kinds sit
-    # in one chunk, and one strong token next to weak ones sits at the edge of the bound
+    # KDA computes a chunk by split products when its gates decay by less than DIAG_DOT_RANGE
+    # over the chunk, else by the exact kernel, which builds a 16×16 diagonal block by one dot
+    # when its gates decay by less than that over the block, else column by column: chunk 0
+    # holds blocks of both kinds, chunk 1 one big step that stays below the bound (split)
     args = testing.make_inputs("kda", B=1, T=100, H=2, K=32, V=32, dtype=dtype, device=DEV, seed=9)
     g = args["g"].clone()
     g[:, 16:32] = -20 * torch.rand(g[:, 16:32].shape, device=DEV)           # sub-chunk 1: strong
@@ -91,10 +92,34 @@ def test_mixed_gate_strengths(dtype):
         o, S = tri.kda(**args, output_final_state=True, chunk_size=64)
     assert testing.rel_err(o, ref[0]) <= testing.tolerance(dtype)
     assert testing.rel_err(S, ref[1]) <= testing.tolerance(dtype)
+    assert exact_chunks(args, 64).tolist() == [[[1, 0], [1, 0]]]
+
+
+def exact_chunks(args, C):
+    """KDA's per-chunk flags [B, H, NT]: 1 where the exact kernel computed the chunk."""
+    d = check_inputs(args["q"], args["k"], args["v"], g=args["g"], beta=args["beta"], gate=True,
+                     delta=True)
+    p = tri.plan(args["q"], args["g"], d, C)
+    return tri.factor_stage(args["q"], args["k"], args["g"], args["beta"], p)["exact"].cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("per_token, exact", [(-0.92, 0), (-0.97, 1)])
+def test_split_bound(per_token, exact, dtype):
+    # every key dim decaying by 58.9 over a chunk of 64 (split products with factors up to
+    # e^{58.9}), or by 62.1 (past the bound: the exact kernel)
+    args = testing.make_inputs("kda", B=1, T=128, H=2, K=32, V=32, dtype=dtype, device=DEV, seed=4)
+    args["g"] = torch.full_like(args["g"], per_token)
+    ref = naive.kda(**testing.to_float64(args), output_final_state=True)
+    with testing.poisoned():
+        o, S = tri.kda(**args, output_final_state=True, chunk_size=64)
+    assert testing.rel_err(o, ref[0]) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, ref[1]) <= testing.tolerance(dtype)
+    assert (exact_chunks(args, 64) == exact).all()
 
 
 def stage_refs(args, C):
-    """The chunk level's float64 A (β on its rows, strict), (I + A)⁻¹, W, U and scale·Aqk, each
+    """The chunk level's float64 (I + A)⁻¹ (A with β on its rows, strict), W, U and scale·Aqk, each
     [B, T, H, *] like the kernels' outputs (row t holds its chunk's row)."""
     a = testing.to_float64(args)
     g = a.get("g")
@@ -104,13 +129,13 @@ def stage_refs(args, C):
     A = cdelta.to_chunks(a["beta"][..., None], C) * cdelta.decayed_scores(kc, kc, gc, strict=True)
     f = cdelta.factors(a["q"], a["k"], a["v"], g, a["beta"], d, C, delta=True)
     return {name: cdelta.from_chunks(x, d.T) for name, x in
-            dict(a=A, ai=cdelta.unit_lower_inverse(A), w=f.W, u=f.U, aqk=f.Aqk * d.scale).items()}
+            dict(ai=cdelta.unit_lower_inverse(A), w=f.W, u=f.U, aqk=f.Aqk * d.scale).items()}
 
 
 @pytest.mark.parametrize("gate, chunk", [(None, 64), ("per_head", 32), ("per_dim", 64),
                                          ("per_dim", 32), ("per_dim", 16)])
 def test_stage_one_kernels(gate, chunk):
-    # scores, inverse and W/U one by one against the chunk level: a wrong block in one of them
+    # the factor kernel and W/U one by one against the chunk level: a wrong block in one of them
     # (e.g. a diagonal block of the inverse, or a split dot) shows here by name
     op = "delta_rule" if gate is None else "kda"
     args = testing.make_inputs(op, B=2, T=150, H=2, K=32, V=48, gate=gate or "per_dim",
@@ -122,9 +147,7 @@ def test_stage_one_kernels(gate, chunk):
     with testing.poisoned():
         ours = tri.wy_stage(args["q"], args["k"], args["v"], g, args["beta"], p)
     refs = stage_refs(args, chunk)
-    if gate != "per_dim":   # the fused factor kernel keeps A in registers; 𝒯 is checked
-        assert "a" not in ours
-        del refs["a"]
+    assert "a" not in ours   # the factor kernels keep A in registers; 𝒯 is checked
     for name, ref in refs.items():
         assert testing.rel_err(ours[name], ref) <= testing.tolerance(torch.float32), name
 

@@ -1,4 +1,4 @@
-"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, four kernels (five for KDA).
+"""Triton kernels for the delta rule, Gated DeltaNet and KDA: three stages, four kernels.
 
 Notation (as in linattn.chunk.delta): a chunk of C tokens enters with state S [K, V]; G_i is the
 log-decay summed from the chunk start (per key dimension for KDA, one per head for Gated DeltaNet,
@@ -8,12 +8,13 @@ U = T diag(β) V, W = T diag(β) (K ⊙ e^G); Ṽ = U − W S; then
     O  = scale (Q ⊙ e^G) S + Aqk Ṽ,      Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}  (j ≤ i)
     S' = e^{G_C} ⊙ S + (K ⊙ e^{G_C − G})ᵀ Ṽ.
 
-Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): plain kernels for Aqk and
-    T = (I + A)⁻¹ (one kernel, A kept on chip; KDA: scores, then inverse), and for W, U plus
-    K̃ = K ⊙ e^{G_C − G}, e^{G_C} for stage 2 (so its sequential loop has no exponentials) and,
-    for per-dimension gates, scale · Q ⊙ e^G for stage 3 (a per-head gate's e^G is one number per
-    token, applied by stage 3 itself). How the decays stay finite with log-gates down to −20 per
-    token is told there.
+Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): a factor kernel for Aqk and
+    T = (I + A)⁻¹ (A kept on chip), and one for W, U plus K̃ = K ⊙ e^{G_C − G}, e^{G_C} for
+    stage 2 (so its sequential loop has no exponentials) and, for per-dimension gates,
+    scale · Q ⊙ e^G for stage 3 (a per-head gate's e^G is one number per token, applied by
+    stage 3 itself). KDA's factor kernel gives W and the decays itself (the second kernel gives
+    U only), and a third kernel redoes the chunks whose gates decay too fast for it. How the
+    decays stay finite with log-gates down to −20 per token is told there.
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
@@ -33,7 +34,7 @@ from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
-from .wy import SUB, factor_stage, inverse_stage, scores_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
+from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
 # K tiles at least 32 wide (masked): with 16-wide K tiles, bf16/fp16 KDA at K = 16 faulted natively
@@ -185,11 +186,12 @@ def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
 
 def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, keep: bool):
     """Stages 1 and 2: (wy dict, states, Ṽ, final state). Peak memory: each intermediate is
-    dropped as soon as no later stage reads it — KDA's A once 𝒯 is known, 𝒯 once W and U are, and
+    dropped as soon as no later stage reads it — 𝒯 once W and U are known, and
     W, U, K ⊙ e^{G_C − G}, e^{G_C} after the state pass, with Ṽ written over U — so the output
     stage adds O to Aqk, (scale · Q ⊙ e^G), the states and Ṽ only. keep=True (the backward reads
     them) keeps 𝒯 (in float32), W, U and the decays, and Ṽ in a buffer of its own."""
     wy = factor_stage(q, k, g, beta, p, torch.float32 if keep else None)
+    wy.pop("exact", None)   # KDA's per-chunk flags: read by its exact kernel only
     wy.update(wu_stage(q, k, v, g, beta, wy["ai"], p))
     if not keep:
         del wy["ai"]

@@ -5,29 +5,32 @@ start (per key dimension for KDA, one per head for Gated DeltaNet, 0 for DeltaNe
 A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k_jd e^{G_id − G_jd}
 (j ≤ i), 𝒯 = (I + A)⁻¹, W = 𝒯 diag(β)(K ⊙ e^G), U = 𝒯 diag(β) V.
 
-1. The factor kernels give Aqk (tile dtype) and 𝒯, one program per (chunk, head):
-   - DeltaNet / Gated DeltaNet: `_factor_kernel` computes A as its ten 16×16 blocks (the keys
-     loaded as four row blocks, one dot per block, the C×C decay e^{G_i − G_j} per block) and
-     inverts it in registers: A never goes to memory.
-   - KDA: `_scores_kernel`, one program per (chunk, head, sub-chunk of 16), writes A (float32)
-     and Aqk: left of the diagonal one dot split at the sub-chunk boundary, the 16×16 diagonal
-     block by one float32 dot or, for gates that decay by 60 or more within the sub-chunk,
-     column by column. Then `_inverse_kernel` loads A's ten blocks and inverts them the same way.
+1. The factor kernels, one program per (chunk, head), compute A as its ten 16×16 blocks (the
+   keys loaded as four row blocks, one dot per block) and invert it in registers: A never goes
+   to memory. They write Aqk (tile dtype) and 𝒯.
+   - DeltaNet / Gated DeltaNet: `_factor_kernel`; a per-head decay e^{G_i − G_j} is a C×C
+     matrix, applied to each block's product.
+   - KDA: the decay has a third axis (key dims), so it goes into the operands.
+     `_kda_split_kernel` takes the common case, a chunk whose gates decay by less than e^{−60}:
+     e^{G_i − G_j} = e^{G_i} · e^{−G_j}, each block one product of K ⊙ e^G with K ⊙ e^{−G}; the
+     same kernel also gives W and what stages 2 and 3 need from the keys and gates
+     (K ⊙ e^{G_C − G}, e^{G_C}, scale · Q ⊙ e^G). Chunks that decay more are flagged, and
+     `_kda_exact_kernel` redoes them with every exponent ≤ 0 (`_kda_blocks`); the others return
+     at once.
    The inversion (`_invert`): each diagonal block by doubling the inverted block side
    (X ← X − X L X, `_diag_inverse`), then 𝒯_ij = −𝒯_ii Σ_{j≤m<i} A_im 𝒯_mj for the six blocks
    below, all 16×16 tiles held as separate variables (no tile is cut out of a larger one), every
    product on the tensor cores.
-2. `_wu_kernel`, two programs per (chunk, head): U; and W with what stages 2 and 3 need from
-   the keys and gates (K ⊙ e^{G_C − G}, e^{G_C}, and for per-dimension gates scale · Q ⊙ e^G),
-   K and the gates read once: tiled matmuls and elementwise decays.
+2. `_wu_kernel`: U = 𝒯 diag(β) V; for DeltaNet and Gated DeltaNet in a second program per chunk
+   also W, K ⊙ e^{G_C − G} and e^{G_C}, K and the gates read once.
 
 𝒯 is stored in the tile dtype when only the forward reads it (the W/U dots round it to that
 dtype anyway), in float32 when the backward will.
 
 Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32.
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
-the chunk end — except in `_diag_dot`, whose factor e^{G_f − G_j} ≥ 1 is used only where a check
-bounds it by e^{60}.
+the chunk end — except in KDA's split products (e^{−G} ≤ e^{60}, checked per chunk) and
+`_kda_diag` (the same bound per 16-row block).
 """
 from __future__ import annotations
 
@@ -40,17 +43,18 @@ from .common import block, dot, interpreting
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 BS = tl.constexpr(SUB)  # the same, as kernels see it
-# KDA diagonal blocks go through one dot with a factor e^{+x}, x ≤ this bound (e^60 ≈ 1e26, far
-# from float32's 3e38 and its underflow): a sub-chunk whose gates decay more is done column by
-# column instead (docs in _diag_dot)
+# KDA's split products use a factor e^{+x}, x ≤ this bound (e^60 ≈ 1e26, far from float32's
+# 3e38 and its underflow, and bf16 has float32's range): per chunk in `_kda_split_kernel`, per
+# 16-row block in `_kda_diag`. Past it: `_kda_exact_kernel`, and in there `_diag_walk`.
 DIAG_DOT_RANGE = tl.constexpr(60.0)
 # Warps per program, measured on an H200 (bf16, H = 16, K = V = 128, C = 64, T = 1k and 32k):
-# KDA scores (diagonal blocks column by column) 2 / 4 / 8 warps 3.05 / 1.68 / 2.22 ms, W/U 4 warps
-# 0.69 ms vs 8 warps 1.05; factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps
-# 0.38 / 0.62 / 1.17 ms, with tf32 products 1 and 2 warps alike (0.22); KDA scores + inverse
-# with 1 / 2 / 4 warps for the inverse 1.78 / 1.89 / 2.13 ms. (8 warps spill less when compiled
-# for sm_90 on a CPU, yet ran slower.)
-TUNING = dict(warps_scores=4, warps_inverse=1, warps_factor=2, warps_wu=4)
+# KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U (with KDA's W part, before the
+# split kernel took it over) 4 warps 0.69 ms vs 8 warps 1.05;
+# factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps 0.38 / 0.62 / 1.17 ms, with tf32
+# products 1 and 2 warps alike (0.22). The exact KDA kernel runs only for strongly decaying
+# chunks; 4 warps, as its first version. (8 warps spill less when compiled for sm_90 on a CPU,
+# yet ran slower.)
+TUNING = dict(warps_split=4, warps_exact=4, warps_factor=2, warps_wu=4)
 
 
 def inverse_precision(p) -> str:
@@ -62,20 +66,34 @@ def inverse_precision(p) -> str:
     return "tf32x3" if p.ieee else "tf32"
 
 
-def factor_stage(q, k, g, beta, p, ai_dtype=None, keep_a=False) -> dict:
+def split_dtype(p) -> dict:
+    """Operand dtype of KDA's split products, whose factors reach e^{60}: float32 for float32
+    inputs, else bf16, which has float32's range (fp16 overflows at 65504; its float32 products
+    on the tf32 path faulted natively at K = 16, Triton 3.6)."""
+    return dict(SDT=tl.float32 if p.ieee else tl.bfloat16)
+
+
+def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
     """aqk [B,T,H,C] = scale · Aqk in the tile dtype (diagonal included) and ai = 𝒯 [B,T,H,C]
     (unit lower triangular) in ai_dtype (default the tile dtype; float32 for the backward); row t
-    holds its chunk's row, zeros right of the diagonal. KDA goes through A in memory
-    (`scores_stage`, `inverse_stage`; keep_a: return it too); the other two compute and invert A
-    in one kernel."""
-    if p.gate == 2:
-        s = scores_stage(q, k, g, beta, p)
-        s["ai"] = inverse_stage(s["a"], p, ai_dtype)
-        if not keep_a:
-            del s["a"]
-        return s
+    holds its chunk's row, zeros right of the diagonal. A is computed and inverted in registers.
+    KDA's kernel also gives what `wu_stage` gives the others from the keys and gates: w, kd, dl
+    and qg; and exact [B,H,NT] int32, 1 where a chunk's gates decay too fast for the split
+    products and the exact kernel computed it."""
     aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
     ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=ai_dtype or p.work, device=p.device)
+    if p.gate == 2:
+        s = _key_outputs(k, p)
+        exact = outputs.empty((p.B * p.H * p.NT,), dtype=torch.int32, device=p.device)
+        args = (q, k, g, beta, aqk, ai, s["w"], s["qg"], s["kd"], s["dl"], exact, p.scale, p.T,
+                p.NT, p.H)
+        _kda_split_kernel[(p.NT, p.B * p.H)](
+            *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
+            IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"])
+        _kda_exact_kernel[(p.NT, p.B * p.H)](
+            *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
+            num_warps=TUNING["warps_exact"])
+        return dict(s, aqk=aqk, ai=ai, exact=exact.view(p.B, p.H, p.NT))
     _factor_kernel[(p.NT, p.B * p.H)](
         q, k, g if p.gate else q, beta, aqk, ai, p.scale, p.T, p.H,
         K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
@@ -83,182 +101,156 @@ def factor_stage(q, k, g, beta, p, ai_dtype=None, keep_a=False) -> dict:
     return dict(aqk=aqk, ai=ai)
 
 
-def scores_stage(q, k, g, beta, p) -> dict:
-    """KDA only: A [B,T,H,C] float32 (β_i on row i, strictly lower) and aqk as in `factor_stage`."""
-    if p.gate != 2:
-        raise ValueError("scores_stage computes the per-dimension-gate (KDA) scores; DeltaNet and "
-                         "Gated DeltaNet get theirs from factor_stage, which never stores A")
-    a = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
-    aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
-    # one program per (chunk, head, sub-chunk)
-    _scores_kernel[(p.NT, p.B * p.H, p.C // SUB)](
-        q, k, g, beta, a, aqk, p.scale, p.T, p.H,
-        K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, X3=not interpreting(),
-        num_warps=TUNING["warps_scores"])
-    return dict(a=a, aqk=aqk)
-
-
-def inverse_stage(a, p, dtype=None):
-    """𝒯 = (I + A)⁻¹ per chunk, [B,T,H,C] laid out like A (unit lower triangular), in dtype
-    (default the tile dtype)."""
-    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=dtype or p.work, device=p.device)
-    _inverse_kernel[(p.NT, p.B * p.H)](a, ai, p.T, p.H, C=p.C, PREC=inverse_precision(p),
-                                        num_warps=TUNING["warps_inverse"])
-    return ai
+def _key_outputs(k, p) -> dict:
+    """Empty W [B,T,H,K]; with gates kd = K ⊙ e^{G_C − G} [B,T,H,K] and dl = e^{G_C}
+    [B,H,NT,K] float32 (else None and kd is k); with per-dimension gates qg = scale · Q ⊙ e^G
+    [B,T,H,K]. A per-head gate's e^G is one number per token: the output stage multiplies by it
+    itself rather than read a [B,T,H,K] copy of Q."""
+    shape = (p.B, p.T, p.H, p.K)
+    return dict(w=outputs.empty(shape, dtype=p.work, device=p.device),
+                qg=outputs.empty(shape, dtype=p.work, device=p.device) if p.gate == 2 else None,
+                kd=outputs.empty(shape, dtype=p.work, device=p.device) if p.gate else k,
+                dl=(outputs.empty((p.B, p.H, p.NT, p.K), dtype=torch.float32, device=p.device)
+                    if p.gate else None))
 
 
 def wu_stage(q, k, v, g, beta, ai, p) -> dict:
-    """W [B,T,H,K], U [B,T,H,V]; with gates also kd = K ⊙ e^{G_C − G} [B,T,H,K] and
-    dl = e^{G_C} [B,H,NT,K] float32, with per-dimension gates qg = scale · Q ⊙ e^G [B,T,H,K]
-    (without gates qg, dl are None and kd is k). A per-head gate's e^G is one number per token:
-    the output stage multiplies by it itself rather than read a [B,T,H,K] copy of Q."""
-    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
-    w = outputs.empty((B, T, H, K), dtype=p.work, device=p.device)
-    u = outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
-    qg = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate == 2 else None
-    kd = outputs.empty((B, T, H, K), dtype=p.work, device=p.device) if p.gate else k
-    dl = outputs.empty((B, H, p.NT, K), dtype=torch.float32, device=p.device) if p.gate else None
-    BV = min(block(V), 64)
-    _wu_kernel[(p.NT, B * H, 2)](
-        q, k, v, g if p.gate else q, beta, ai, w, u, qg if p.gate == 2 else w, kd,
-        dl if p.gate else w, p.scale, T, p.NT, H,
-        K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        num_warps=TUNING["warps_wu"])
-    return dict(w=w, u=u, qg=qg, kd=kd, dl=dl)
+    """U [B,T,H,V] = 𝒯 diag(β) V; for DeltaNet and Gated DeltaNet also W and the decays of
+    `_key_outputs` (KDA's factor kernel has given those)."""
+    u = outputs.empty((p.B, p.T, p.H, p.V), dtype=p.work, device=p.device)
+    s = {} if p.gate == 2 else _key_outputs(k, p)
+    w, kd, dl = s.get("w", u), s.get("kd", u), s.get("dl")   # u: placeholders never written
+    _wu_kernel[(p.NT, p.B * p.H, 1 if p.gate == 2 else 2)](
+        k, v, g if p.gate == 1 else k, beta, ai, w, u, kd, u if dl is None else dl, p.T, p.NT, p.H,
+        K=p.K, V=p.V, C=p.C, BK=p.BK, BV=min(block(p.V), 64), GATE=p.gate, DT=p.cdt,
+        IEEE=p.ieee, U_ONLY=p.gate == 2, num_warps=TUNING["warps_wu"])
+    return dict(s, u=u)
 
 
 def wy_stage(q, k, v, g, beta, p) -> dict:
-    """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai, the W/U outputs,
-    and for KDA the scores A too."""
-    s = factor_stage(q, k, g, beta, p, torch.float32, keep_a=True)
+    """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai and the W/U
+    outputs."""
+    s = factor_stage(q, k, g, beta, p, torch.float32)
     return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
 # ---------------------------------------------------------------- device helpers
 
 @triton.jit
-def _f32(a, b, X3: tl.constexpr):
-    """a @ b of float32 16×16 blocks (KDA's diagonal scores) at about float32 accuracy.
-
-    On the GPU three tf32 tensor-core products (tf32x3, relative error ~2⁻²¹): plain tf32 keeps
-    10 bits, IEEE products run on the FMA units. Under the interpreter (X3 false): exact float32."""
-    if X3:
-        return tl.dot(a, b, input_precision="tf32x3")
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
 def _mm32(a, b, PREC: tl.constexpr):
-    """a @ b of float32 16×16 blocks of the inversion, at the precision `inverse_precision` chose."""
+    """a @ b of float32 16×16 blocks (the inversion, KDA's diagonal scores), at the precision
+    `inverse_precision` chose."""
     return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
-def _diag_dot(Ks, Qs, Gl, g0, X3: tl.constexpr):
-    """The 16×16 diagonal block as products split at the sub-chunk's first token f:
-    e^{G_i − G_j} = e^{G_i − G_f} · e^{G_f − G_j}. The second factor is ≥ 1, but the caller has
-    checked it stays below e^{DIAG_DOT_RANGE} (no overflow, and e^{G_i − G_f} no underflow);
-    entries above the diagonal (also bounded so) are masked by the caller. Float32 operands
-    (tf32x3 on the GPU): a bf16 factor near e^{60} would round the small scores it multiplies."""
-    dn = tl.exp(Gl - g0[None, :])                                                 # [16, BK] ≤ 1
-    up = Ks * tl.exp(g0[None, :] - Gl)                                            # [16, BK] ≥ 1
-    return _f32(Ks * dn, tl.trans(up), X3), _f32(Qs * dn, tl.trans(up), X3)      # [16, 16] each
+def _kda_rows(q, k, g, beta, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr,
+              BK: tl.constexpr):
+    """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C): keys and queries [16, BK] float32,
+    β [16], Gl [16, BK] = G − G_b summed from the block start (b: the token before the block)
+    and the block's gate total s [BK] = Gl of its last row (≤ 0)."""
+    r = tl.arange(0, BS)
+    dk = tl.arange(0, BK)
+    rows = i * BS + r
+    rm = (n * C + rows < T) & (rows < C)
+    m = rm[:, None] & (dk[None, :] < K)
+    at = (rows * H)[:, None] * K + dk[None, :]
+    kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
+    qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
+    gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
+    return kb, qb, bb, tl.cumsum(gb, axis=0), tl.sum(gb, axis=0)
 
 
 @triton.jit
-def _diag_columns(Ks, Qs, k, g, s, n, T, H, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+def _diag_walk(Ks, Qs, k, g, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr,
+               BK: tl.constexpr):
     """The 16×16 diagonal block for any gates, columns j = 15 … 0: E_i = e^{G_i − G_j} for i ≥ j,
     0 above. Moving from column j + 1 to j multiplies by e^{g_{j+1}} (≤ 1): one exponential per
-    key dim per column, and no exponent is ever positive."""
+    key dim per column, and no exponent is ever positive. A loop, not unrolled: only gates that
+    decay by more than e^{DIAG_DOT_RANGE} within 16 tokens come here."""
     r = tl.arange(0, BS)
     dk = tl.arange(0, BK)
     E = tl.zeros((BS, BK), dtype=tl.float32)
     Da = tl.zeros((BS, BS), dtype=tl.float32)
     Dq = tl.zeros((BS, BS), dtype=tl.float32)
-    for c in tl.static_range(BS):   # unrolled: the row loads of all columns can start at once
+    for c in range(BS):
         jj = BS - 1 - c
-        tj = n * C + s * BS + jj
-        rj = (s * BS + jj) * H
-        if jj + 1 < BS:
-            gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T), other=0.0).to(tl.float32)
-            E = E * tl.exp(gn)[None, :]                                           # × e^{g_{j+1}}
-        E = tl.where(r[:, None] == jj, 1.0, E)                                    # [16, BK]
+        tj = n * C + i * BS + jj
+        rj = (i * BS + jj) * H
+        gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T) & (jj + 1 < BS),
+                     other=0.0).to(tl.float32)
+        E = tl.where(r[:, None] == jj, 1.0, E * tl.exp(gn)[None, :])              # [16, BK]
         kj = tl.load(k + rj * K + dk, mask=(dk < K) & (tj < T), other=0.0).to(tl.float32)  # [BK]
         wj = E * kj[None, :]
         Da = tl.where(r[None, :] == jj, tl.sum(Ks * wj, axis=1)[:, None], Da)    # column j
         Dq = tl.where(r[None, :] == jj, tl.sum(Qs * wj, axis=1)[:, None], Dq)
     return Da, Dq
-@triton.jit
-def _kda_subchunk(q, k, g, beta, a, aqk, s, n, scale, T, H,
-                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
-                  IEEE: tl.constexpr, X3: tl.constexpr):
-    """Rows 16 s … 16 s + 15 of A and Aqk for per-dimension gates; stores them.
 
-    One program per sub-chunk s: four times the programs of one per chunk, to hide the latency
-    of the column loop below, whose steps depend on each other."""
+
+@triton.jit
+def _kda_diag(kb, qb, dn, Gl, s, bb, scale, k, g, i: tl.constexpr, n, T, H, K: tl.constexpr,
+              C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """A_ii (β on its rows, strictly lower) and scale · Aqk_ii (lower) of block i.
+
+    Split at the token b before the block: e^{G_i − G_j} = e^{Gl_i} · e^{−Gl_j}. The second factor
+    is ≥ 1 but at most e^{−s} (Gl only falls within the block); where that stays below
+    e^{DIAG_DOT_RANGE} in every key dim (always, for the gates of trained models), one float32
+    product per matrix gives the block, else `_diag_walk`. Float32 operands (tf32 on the GPU):
+    a factor near e^{60} does not fit fp16."""
     r = tl.arange(0, BS)
-    rows = tl.arange(0, C)
-    dk = tl.arange(0, BK)
-    ts = n * C + s * BS + r
-    rs = (s * BS + r) * H                                                         # [16] rows in the chunk
-    ms = (ts < T)[:, None] & (dk[None, :] < K)
-    Ks = tl.load(k + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)  # [16, BK]
-    Qs = tl.load(q + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32)
-    bs = tl.load(beta + rs, mask=ts < T, other=0.0).to(tl.float32)                # [16]
-    Gl = tl.cumsum(tl.load(g + rs[:, None] * K + dk[None, :], mask=ms, other=0.0).to(tl.float32),
-                   axis=0)                                                        # [16, BK] G_i − G_b
-    Aoff = tl.zeros((BS, C), dtype=tl.float32)
-    Qoff = tl.zeros((BS, C), dtype=tl.float32)
-    if s > 0:
-        # left of the diagonal block, b = the last token before the sub-chunk:
-        # e^{G_i − G_j} = e^{G_i − G_b} e^{G_b − G_j}, both exponents ≤ 0, and one dot.
-        # G_i − G_b: the sub-chunk's own prefix sums; G_b − G_j = g_{j+1} + … + g_b: summed from
-        # b backwards over the gates shifted up one row (no difference of long prefix sums)
-        t = n * C + rows
-        row = rows * H                                                            # [C]
-        early = (rows < s * BS) & (t < T)
-        me = early[:, None] & (dk[None, :] < K)
-        kt = tl.load(k + row[:, None] * K + dk[None, :], mask=me, other=0.0).to(tl.float32)  # [C, BK]
-        gsh = tl.load(g + (row + H)[:, None] * K + dk[None, :],
-                      mask=me & ((rows < s * BS - 1) & (t + 1 < T))[:, None], other=0.0).to(tl.float32)  # g_{j+1}
-        up = kt * tl.exp(tl.cumsum(gsh, axis=0, reverse=True))                    # [C, BK] rows < 16 s
-        down = tl.exp(Gl)
-        Aoff = dot((Ks * down).to(DT), tl.trans(up).to(DT), IEEE)                # [16, C]
-        Qoff = dot((Qs * down).to(DT), tl.trans(up).to(DT), IEEE)
-    # diagonal block: by one float32 dot when the sub-chunk's decay spread G_first − G_last is
-    # below DIAG_DOT_RANGE in every key dim (always, for gates of trained models), else column
-    # by column (log-gates of −20 per token)
-    g0 = tl.load(g + (s * BS * H) * K + dk, mask=(dk < K) & (n * C + s * BS < T),
-                 other=0.0).to(tl.float32)                                        # [BK] Gl, row 0
-    glast = tl.sum(tl.where(r[:, None] == BS - 1, Gl, 0.0), axis=0)              # [BK] (padding: g = 0)
-    if tl.max(g0 - glast, axis=0) < DIAG_DOT_RANGE:
-        Da, Dq = _diag_dot(Ks, Qs, Gl, g0, X3)
+    if tl.max(-s, axis=0) < DIAG_DOT_RANGE:
+        up = tl.trans(kb * tl.exp(-Gl))                                           # [BK, 16]
+        Da = _mm32(kb * dn, up, PREC)                                            # [16, 16]
+        Dq = _mm32(qb * dn, up, PREC)
     else:
-        Da, Dq = _diag_columns(Ks, Qs, k, g, s, n, T, H, K, C, BK)
-    Da = tl.where(r[:, None] > r[None, :], Da, 0.0) * bs[:, None]
+        Da, Dq = _diag_walk(kb, qb, k, g, i, n, T, H, K, C, BK)
+    Da = tl.where(r[:, None] > r[None, :], Da, 0.0) * bb[:, None]
     Dq = tl.where(r[:, None] >= r[None, :], Dq, 0.0) * scale
-    # store left blocks (zeros right of the diagonal block) and the diagonal block: disjoint columns
-    off = (rows[None, :] // BS) != s
-    mrow = (ts < T)[:, None]
-    Aoff = tl.where(rows[None, :] < s * BS, Aoff, 0.0) * bs[:, None]
-    Qoff = tl.where(rows[None, :] < s * BS, Qoff, 0.0) * scale
-    tl.store(a + rs[:, None] * C + rows[None, :], Aoff, mask=mrow & off)
-    tl.store(aqk + rs[:, None] * C + rows[None, :], Qoff.to(aqk.dtype.element_ty), mask=mrow & off)
-    tl.store(a + rs[:, None] * C + s * BS + r[None, :], Da, mask=mrow)
-    tl.store(aqk + rs[:, None] * C + s * BS + r[None, :], Dq.to(aqk.dtype.element_ty), mask=mrow)
+    return Da, Dq
+
+
+@triton.jit
+def _kda_off(kdn, qdn, dec, bb, ut, scale, DT: tl.constexpr, IEEE: tl.constexpr):
+    """A_ij and scale · Aqk_ij, i > j: the rows of block i decayed to its start b_i (kdn, qdn),
+    times dec = e^{G_{b_i} − G_{e_j}} [BK] (e_j: block j's last token), against the keys of
+    block j decayed to e_j (ut = (K_j ⊙ e^{G_{e_j} − G_j})ᵀ [BK, 16], tile dtype): every factor
+    ≤ 1, each operand rounded once."""
+    return (dot((kdn * dec[None, :]).to(DT), ut, IEEE) * bb[:, None],
+            dot((qdn * dec[None, :]).to(DT), ut, IEEE) * scale)
+
+
+@triton.jit
+def _kda_key_rows(q, k, g, beta, kd, qg, pre, suf, scale, i: tl.constexpr, n, T, H,
+                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr):
+    """Block i's rows once more (L2 holds them): stores K ⊙ e^{G_C − G} and scale · Q ⊙ e^G,
+    returns β K ⊙ e^G (tile dtype) for W. pre = e^{G_{b_i}}, suf = e^{G_C − G_{e_i}} [BK]."""
+    kb, qb, bb, Gl, s = _kda_rows(q, k, g, beta, i, n, T, H, K, C, BK)
+    d = tl.exp(Gl) * pre[None, :]                                                 # e^G ≤ 1
+    _store_rows(qg, qb * d * scale, i, n, T, H, K, C, BK)
+    _store_rows(kd, kb * tl.exp(s[None, :] - Gl) * suf[None, :], i, n, T, H, K, C, BK)
+    return (kb * d * bb[:, None]).to(DT)
 
 
 # ---------------------------------------------------------------- the inversion, in registers
 
 @triton.jit
 def _join(X, A, s: tl.constexpr, PREC: tl.constexpr):
-    """X inverts the diagonal blocks of side s of I + A (A strictly lower 16×16); return the
+    """X inverts the diagonal blocks of side s of I + A (A strictly lower, n×n); return the
     inverse for blocks of side 2s. L, the entries joining two neighbours (rows in the lower
     half, columns in the upper), satisfies L X L = 0, so (X⁻¹ + L)⁻¹ = X − X L X exactly."""
-    r = tl.arange(0, BS)
+    r = tl.arange(0, X.shape[0])
     i, j = r[:, None], r[None, :]
-    L = tl.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)   # [16, 16]
+    L = tl.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)   # [n, n]
     return X - _mm32(X, _mm32(L, X, PREC), PREC)
+
+
+@triton.jit
+def _side_two(A):
+    """(I + A)⁻¹ of the 2×2 diagonal blocks of I + A: 1 on the diagonal, −A below it."""
+    r = tl.arange(0, A.shape[0])
+    i, j = r[:, None], r[None, :]
+    return tl.where(i == j, 1.0, 0.0) - tl.where((i // 2 == j // 2) & (i > j), A, 0.0)
 
 
 @triton.jit
@@ -266,10 +258,7 @@ def _diag_inverse(A, PREC: tl.constexpr):
     """(I + A)⁻¹ of one strictly lower 16×16 block by doubling the inverted block side
     1 → 2 → 4 → 8 → 16: six 16×16 products on the tensor cores instead of a chain of 15
     dependent row steps (each a reduction across threads)."""
-    r = tl.arange(0, BS)
-    i, j = r[:, None], r[None, :]
-    X = tl.where(i == j, 1.0, 0.0) - tl.where((i // 2 == j // 2) & (i > j), A, 0.0)  # side 2
-    return _join(_join(_join(X, A, 2, PREC), A, 4, PREC), A, 8, PREC)
+    return _join(_join(_join(_side_two(A), A, 2, PREC), A, 4, PREC), A, 8, PREC)
 
 
 @triton.jit
@@ -302,21 +291,16 @@ def _block_ptrs(x, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
 
 
 @triton.jit
-def _load_block(a, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
-    ptrs, m = _block_ptrs(a, i, j, n, T, H, C)
-    return tl.load(ptrs, mask=m, other=0.0)
-
-
-@triton.jit
 def _store_block(ai, X, i: tl.constexpr, j: tl.constexpr, n, T, H, C: tl.constexpr):
     ptrs, m = _block_ptrs(ai, i, j, n, T, H, C)
     tl.store(ptrs, X.to(ai.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H,
+def _store_lower(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H,
                    C: tl.constexpr):
-    """All sixteen blocks of 𝒯, zeros right of the diagonal (the W/U kernel reads whole rows)."""
+    """All sixteen blocks of a block-lower C×C matrix (𝒯, Aqk), zeros right of the diagonal
+    (the kernels that read it load whole rows)."""
     Z = tl.zeros((BS, BS), dtype=tl.float32)
     _store_block(ai, T00, 0, 0, n, T, H, C)
     _store_block(ai, Z, 0, 1, n, T, H, C)
@@ -415,55 +399,204 @@ def _factor_kernel(q, k, g, beta, aqk, ai, scale, T, H, K: tl.constexpr, C: tl.c
         _kkt_block(k3, k1, b3, G3, G1b, False, GATE, IEEE),
         _kkt_block(k3, k2, b3, G3, G2, False, GATE, IEEE),
         _kkt_block(k3, k3, b3, G3, G3, True, GATE, IEEE), PREC)
-    _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
+    _store_lower(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
 
 
 @triton.jit
-def _scores_kernel(q, k, g, beta, a, aqk, scale, T, H, K: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
-    """KDA: rows of one sub-chunk of A and Aqk (see `_kda_subchunk`)."""
-    n, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    r0 = (b * T + n * C).to(tl.int64) * H + h
-    q, k, g, beta, a, aqk = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, a + r0 * C, aqk + r0 * C
-    _kda_subchunk(q, k, g, beta, a, aqk, tl.program_id(2), n, scale, T, H, K, C, BK, DT, IEEE, X3)
+def _store_rows(x, X, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    """Rows 16 i … 16 i + 15 of a [C, K] chunk tile stored row t at x + t·H·K (x: row 0)."""
+    r = tl.arange(0, BS)
+    dk = tl.arange(0, BK)
+    rows = i * BS + r
+    m = ((n * C + rows < T) & (rows < C))[:, None] & (dk[None, :] < K)
+    tl.store(x + (rows * H)[:, None] * K + dk[None, :], X.to(x.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _inverse_kernel(a, ai, T, H, C: tl.constexpr, PREC: tl.constexpr):
-    """KDA: 𝒯 of one (chunk, head) from A's ten 16×16 blocks, loaded at once."""
+def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr):
+    """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
+    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
+    K ⊙ e^{−G}, Q ⊙ e^G (SDT, [16, BK]), β [16] and P for the next block."""
+    r = tl.arange(0, BS)
+    dk = tl.arange(0, BK)
+    rows = i * BS + r
+    rm = (n * C + rows < T) & (rows < C)
+    m = rm[:, None] & (dk[None, :] < K)
+    at = (rows * H)[:, None] * K + dk[None, :]
+    gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
+    G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
+    kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
+    qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
+    eg = tl.exp(G)                                                                # ≤ 1
+    qe = qb * eg
+    tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
+    bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
+    # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
+    return ((kb * eg).to(SDT), (kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))).to(SDT), qe.to(SDT), bb,
+            P + tl.sum(gb, axis=0))
+
+
+@triton.jit
+def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
+    """A_ij (β on the rows) and scale · Aqk_ij from row block i (kl, ql: K, Q ⊙ e^G) and
+    column block j (kr = K ⊙ e^{−G}); on the diagonal A strictly lower, Aqk lower."""
+    krt = tl.trans(kr)                                                            # [BK, 16]
+    A = dot(kl, krt, IEEE) * bb[:, None]
+    Q = dot(ql, krt, IEEE) * scale
+    if DIAG:
+        r = tl.arange(0, BS)
+        A = tl.where(r[:, None] > r[None, :], A, 0.0)
+        Q = tl.where(r[:, None] >= r[None, :], Q, 0.0)
+    return A, Q
+
+
+@triton.jit
+def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
+                      K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr,
+                      DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
+    """KDA, the common case: one (chunk, head) whose gates decay by less than e^{−DIAG_DOT_RANGE}
+    over the chunk in every key dim. Then e^{G_i − G_j} = e^{G_i} · e^{−G_j} with both factors
+    in range, so each 16×16 block of A and Aqk is one product of K ⊙ e^G (or Q ⊙ e^G) with
+    K ⊙ e^{−G}, as for Gated DeltaNet; A is inverted in registers, W is ten products more,
+    and K ⊙ e^{G_C − G} = (K ⊙ e^{−G}) e^{G_C}. A chunk whose gates decay more is flagged in
+    `exact` (its outputs are garbage until `_kda_exact_kernel` redoes it).
+
+    The products with the factor e^{−G} (≤ e^{60}) run in SDT (`split_dtype`): bf16 for bf16 and
+    fp16 inputs, float32 for float32."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    r0 = (b * T + n * C).to(tl.int64) * H + h
-    a, ai = a + r0 * C, ai + r0 * C                                               # the chunk's row 0
+    r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
+    q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
+    aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
+    P = tl.zeros((BK,), dtype=tl.float32)
+    kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT)
+    A00, Q00 = _split_block(kl0, ql0, kr0, b0, scale, True, IEEE)
+    kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT)
+    A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, False, IEEE)
+    A11, Q11 = _split_block(kl1, ql1, kr1, b1, scale, True, IEEE)
+    kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT)
+    A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, False, IEEE)
+    A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, False, IEEE)
+    A22, Q22 = _split_block(kl2, ql2, kr2, b2, scale, True, IEEE)
+    kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT)
+    A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, False, IEEE)
+    A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, False, IEEE)
+    A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, False, IEEE)
+    A33, Q33 = _split_block(kl3, ql3, kr3, b3, scale, True, IEEE)
+    _store_lower(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, n, T, H, C)
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
-        _load_block(a, 0, 0, n, T, H, C), _load_block(a, 1, 0, n, T, H, C),
-        _load_block(a, 1, 1, n, T, H, C), _load_block(a, 2, 0, n, T, H, C),
-        _load_block(a, 2, 1, n, T, H, C), _load_block(a, 2, 2, n, T, H, C),
-        _load_block(a, 3, 0, n, T, H, C), _load_block(a, 3, 1, n, T, H, C),
-        _load_block(a, 3, 2, n, T, H, C), _load_block(a, 3, 3, n, T, H, C), PREC)
-    _store_inverse(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, PREC)
+    _store_lower(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
+    # W = 𝒯 (β K ⊙ e^G), block row by block row
+    y0 = (kl0.to(tl.float32) * b0[:, None]).to(DT)
+    y1 = (kl1.to(tl.float32) * b1[:, None]).to(DT)
+    y2 = (kl2.to(tl.float32) * b2[:, None]).to(DT)
+    y3 = (kl3.to(tl.float32) * b3[:, None]).to(DT)
+    _store_rows(w, dot(T00.to(DT), y0, IEEE), 0, n, T, H, K, C, BK)
+    _store_rows(w, dot(T10.to(DT), y0, IEEE) + dot(T11.to(DT), y1, IEEE), 1, n, T, H, K, C, BK)
+    _store_rows(w, dot(T20.to(DT), y0, IEEE) + dot(T21.to(DT), y1, IEEE)
+                + dot(T22.to(DT), y2, IEEE), 2, n, T, H, K, C, BK)
+    _store_rows(w, dot(T30.to(DT), y0, IEEE) + dot(T31.to(DT), y1, IEEE)
+                + dot(T32.to(DT), y2, IEEE) + dot(T33.to(DT), y3, IEEE), 3, n, T, H, K, C, BK)
+    # for the state pass: K ⊙ e^{G_C − G} and e^{G_C} (P is now G_C)
+    eC = tl.exp(P)
+    _store_rows(kd, kr0.to(tl.float32) * eC[None, :], 0, n, T, H, K, C, BK)
+    _store_rows(kd, kr1.to(tl.float32) * eC[None, :], 1, n, T, H, K, C, BK)
+    _store_rows(kd, kr2.to(tl.float32) * eC[None, :], 2, n, T, H, K, C, BK)
+    _store_rows(kd, kr3.to(tl.float32) * eC[None, :], 3, n, T, H, K, C, BK)
+    dk = tl.arange(0, BK)
+    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, eC, mask=dk < K)
+    tl.store(exact + bh.to(tl.int64) * NT + n, (tl.max(-P, axis=0) >= DIAG_DOT_RANGE).to(tl.int32))
 
 
 @triton.jit
-def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.constexpr,
+def _kda_exact_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
+                      K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+                      IEEE: tl.constexpr, PREC: tl.constexpr):
+    """KDA, any gates: redoes the chunks `_kda_split_kernel` flagged (the others return at once)."""
+    n, bh = tl.program_id(0), tl.program_id(1)
+    if tl.load(exact + bh.to(tl.int64) * NT + n) != 0:
+        _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K, C, BK, DT,
+                    IEEE, PREC)
+
+
+@triton.jit
+def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                PREC: tl.constexpr):
+    """What `_kda_split_kernel` gives, for one (chunk, head) with gates of any strength.
+
+    Decays by 16-row blocks, every exponent ≤ 0: a block's rows to its start (e^{Gl}), its keys
+    to its end (u = K ⊙ e^{s − Gl}), and between blocks the block totals s_m. Two passes over
+    the four blocks: the scores, then (after the inversion) the key-side outputs, which reload
+    the rows rather than hold them: holding them spilled registers."""
+    b, h = bh // H, bh % H
+    r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
+    q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
+    aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
+    # pass 1: A and Aqk, block row by block row
+    k0, q0, b0, G0, s0 = _kda_rows(q, k, g, beta, 0, n, T, H, K, C, BK)
+    A00, Q00 = _kda_diag(k0, q0, tl.exp(G0), G0, s0, b0, scale, k, g, 0, n, T, H, K, C, BK, PREC)
+    u0 = tl.trans((k0 * tl.exp(s0[None, :] - G0)).to(DT))                         # [BK, 16]
+    k1, q1, b1, G1, s1 = _kda_rows(q, k, g, beta, 1, n, T, H, K, C, BK)
+    d1 = tl.exp(G1)
+    A11, Q11 = _kda_diag(k1, q1, d1, G1, s1, b1, scale, k, g, 1, n, T, H, K, C, BK, PREC)
+    one = tl.full((BK,), 1.0, tl.float32)
+    A10, Q10 = _kda_off(k1 * d1, q1 * d1, one, b1, u0, scale, DT, IEEE)
+    u1 = tl.trans((k1 * tl.exp(s1[None, :] - G1)).to(DT))
+    k2, q2, b2, G2, s2 = _kda_rows(q, k, g, beta, 2, n, T, H, K, C, BK)
+    d2 = tl.exp(G2)
+    A22, Q22 = _kda_diag(k2, q2, d2, G2, s2, b2, scale, k, g, 2, n, T, H, K, C, BK, PREC)
+    A21, Q21 = _kda_off(k2 * d2, q2 * d2, one, b2, u1, scale, DT, IEEE)
+    A20, Q20 = _kda_off(k2 * d2, q2 * d2, tl.exp(s1), b2, u0, scale, DT, IEEE)
+    u2 = tl.trans((k2 * tl.exp(s2[None, :] - G2)).to(DT))
+    k3, q3, b3, G3, s3 = _kda_rows(q, k, g, beta, 3, n, T, H, K, C, BK)
+    d3 = tl.exp(G3)
+    A33, Q33 = _kda_diag(k3, q3, d3, G3, s3, b3, scale, k, g, 3, n, T, H, K, C, BK, PREC)
+    A32, Q32 = _kda_off(k3 * d3, q3 * d3, one, b3, u2, scale, DT, IEEE)
+    A31, Q31 = _kda_off(k3 * d3, q3 * d3, tl.exp(s2), b3, u1, scale, DT, IEEE)
+    A30, Q30 = _kda_off(k3 * d3, q3 * d3, tl.exp(s1 + s2), b3, u0, scale, DT, IEEE)
+    _store_lower(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, n, T, H, C)
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, PREC)
+    _store_lower(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
+    # pass 2: K ⊙ e^{G_C − G}, scale · Q ⊙ e^G, and W = 𝒯 (β K ⊙ e^G) block row by block row
+    dk = tl.arange(0, BK)
+    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(s0 + s1 + s2 + s3), mask=dk < K)
+    y0 = _kda_key_rows(q, k, g, beta, kd, qg, one, tl.exp(s1 + s2 + s3), scale, 0, n, T, H, K, C,
+                       BK, DT)
+    _store_rows(w, dot(T00.to(DT), y0, IEEE), 0, n, T, H, K, C, BK)
+    y1 = _kda_key_rows(q, k, g, beta, kd, qg, tl.exp(s0), tl.exp(s2 + s3), scale, 1, n, T, H, K,
+                       C, BK, DT)
+    _store_rows(w, dot(T10.to(DT), y0, IEEE) + dot(T11.to(DT), y1, IEEE), 1, n, T, H, K, C, BK)
+    y2 = _kda_key_rows(q, k, g, beta, kd, qg, tl.exp(s0 + s1), tl.exp(s3), scale, 2, n, T, H, K,
+                       C, BK, DT)
+    _store_rows(w, dot(T20.to(DT), y0, IEEE) + dot(T21.to(DT), y1, IEEE)
+                + dot(T22.to(DT), y2, IEEE), 2, n, T, H, K, C, BK)
+    y3 = _kda_key_rows(q, k, g, beta, kd, qg, tl.exp(s0 + s1 + s2), one, scale, 3, n, T, H, K,
+                       C, BK, DT)
+    _store_rows(w, dot(T30.to(DT), y0, IEEE) + dot(T31.to(DT), y1, IEEE)
+                + dot(T32.to(DT), y2, IEEE) + dot(T33.to(DT), y3, IEEE), 3, n, T, H, K, C, BK)
+
+
+@triton.jit
+def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, U_ONLY: tl.constexpr):
     # grid axis 2 splits the work in two programs of similar size: part 0 everything that reads
-    # K and the gates (W, the state pass's decays, scale · Q ⊙ e^G), part 1 all of U, V-block by
-    # V-block, reading 𝒯 once. (Computing W in the U program too gave wrong W for bf16 at K ≤ 32
-    # when compiled for an H200, though right under the interpreter.)
-    n, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # K and the gates (W and the state pass's decays), part 1 all of U, V-block by V-block,
+    # reading 𝒯 once. KDA's factor kernel does part 0 itself (U_ONLY: one program, part 1).
+    # (Computing W in the U program too gave wrong W for bf16 at K ≤ 32 when compiled for an
+    # H200, though right under the interpreter.)
+    n, bh = tl.program_id(0), tl.program_id(1)
+    part = 1 if U_ONLY else tl.program_id(2)
     b, h = bh // H, bh % H
     t = n * C + tl.arange(0, C)
     tm = t < T
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
-    q, k, v, beta, ai = q + r0 * K, k + r0 * K, v + r0 * V, beta + r0, ai + r0 * C
-    w, u, qg, kd = w + r0 * K, u + r0 * V, qg + r0 * K, kd + r0 * K
-    if GATE == 2:
-        g += r0 * K
-    else:
-        g += r0
+    k, v, g, beta, ai = k + r0 * K, v + r0 * V, g + r0, beta + r0, ai + r0 * C
+    w, u, kd = w + r0 * K, u + r0 * V, kd + r0 * K
     jc = tl.arange(0, C)
     row = jc * H                                                                  # [C]
     bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
@@ -476,39 +609,29 @@ def _wu_kernel(q, k, v, g, beta, ai, w, u, qg, kd, dl, scale, T, NT, H, K: tl.co
             Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                         # [C, BV]
             tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
     else:
-        _w_part(q, k, g, ai, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
+        _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
 
 
 @triton.jit
-def _w_part(q, k, g, ai, bt, w, qg, kd, dl, scale, row, t, n, bh, T, NT, H, K: tl.constexpr,
-            C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
-            IEEE: tl.constexpr):
-    """Everything that reads K (and the gates), from one load of each: W = 𝒯 (β K ⊙ e^G); with
-    gates, for the state pass, K ⊙ e^{G_C − G} and e^{G_C}; with per-dimension gates
-    scale · Q ⊙ e^G. G_C − G_i = g_{i+1} + … + g_C comes from the sum taken from the chunk end
-    minus g_i (never a difference of two long prefix sums); padded rows have g = 0."""
+def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C: tl.constexpr,
+            BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """DeltaNet / Gated DeltaNet, from one load of K (and the per-head gates): W = 𝒯 (β K ⊙ e^G);
+    with gates, for the state pass, K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C
+    comes from the sum taken from the chunk end minus g_i (never a difference of two long prefix
+    sums); padded rows have g = 0."""
     tm = t < T
     dk = tl.arange(0, BK)
     jc = tl.arange(0, C)
     mk = tm[:, None] & (dk[None, :] < K)
     kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
     eg = tl.full((C, 1), 1.0, tl.float32)                                         # e^G, no gates
-    if GATE == 2:
-        gt = tl.load(g + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
-        eg = tl.exp(tl.cumsum(gt, axis=0))                                        # e^G ≤ 1
-        tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)                   # e^{G_C − G}
-        gc = tl.sum(gt, axis=0)                                                   # [BK] G_C
-        qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
-        tl.store(qg + row[:, None] * K + dk[None, :], (qt * eg * scale).to(qg.dtype.element_ty),
-                 mask=mk)
     if GATE == 1:
         gt = tl.load(g + row, mask=tm, other=0.0).to(tl.float32)                  # [C]
         eg = tl.exp(tl.cumsum(gt, axis=0))[:, None]
-        tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]
-        gc = tl.zeros((BK,), dtype=tl.float32) + tl.sum(gt, axis=0)
-    if GATE > 0:
+        tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]          # e^{G_C − G}
         tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
-        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(gc), mask=dk < K)
+        tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk,
+                 tl.zeros((BK,), dtype=tl.float32) + tl.exp(tl.sum(gt, axis=0)), mask=dk < K)
     Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
     Wt = dot(Ti, (kt * bt[:, None] * eg).to(DT), IEEE)                           # [C, BK]
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)

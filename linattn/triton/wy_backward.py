@@ -19,11 +19,11 @@ The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a
 - per-dimension gates: E has a third axis, and e^{G_i − G_j} split at a reference token has one
   factor ≥ 1 (overflow with log-gates of −20 per token). The row sums walk the columns j = C−1 … 0
   and keep the column E_{·j} for all rows: from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, so
-  no exponent is ever positive and no prefix sums are subtracted (the forward's `_diag_columns`,
+  no exponent is ever positive and no prefix sums are subtracted (the forward's `_diag_walk`,
   for the whole chunk); the column sums walk the rows the same way, each row adding a rank-one
   tile (no sums across rows inside the loop). O(C² K) work on the FMA units per chunk, no tensor
-  cores: correct for any gates; a split-dot fast path like the forward's `_diag_dot` is what is
-  left to speed it up.
+  cores: correct for any gates; a split fast path like the forward's `_kda_split_kernel` is what
+  is left to speed it up.
 
 One program per (K-block, chunk, head): everything is independent across key dimensions except
 the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
