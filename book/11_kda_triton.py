@@ -36,7 +36,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # key–key scores, a triangular inverse, the WY factors $W, U$, a pass over chunk states, and the
 # outputs. Here we turn that recipe into three stages of Triton kernels that run on tensor cores:
 #
-# 1. **WY/UT** — every chunk at once, in three small kernels: scores, $(I+A)^{-1}$, then $W$, $U$;
+# 1. **WY/UT** — every chunk at once, in two kernels: the factors $A_{qk}$ and $(I+A)^{-1}$ (for
+#    KDA also $W$), then $U$ (and $W$ for the others);
 # 2. **the affine state pass** — chunk after chunk: $\tilde V = U - WS$, $S \leftarrow e^{G_C} S + \tilde K^\top \tilde V$;
 # 3. **the output** — every chunk at once: $O = \text{scale}\,(Q\odot e^{G})S + A_{qk}\tilde V$.
 #
@@ -79,15 +80,15 @@ DEV = linattn.device.default_device()
 #   S' = e^{G_C}\odot S + (K\odot e^{G_C-G})^\top \tilde V,$$
 #
 # with $(A_{qk})_{ij} = \text{scale}\sum_d q_{id}k_{jd}e^{G_{id}-G_{jd}}$ for $j\le i$. Only the middle
-# line involves $S$. So the work splits into three stages, the first of them two kernels (three
-# for KDA):
+# line involves $S$. So the work splits into three stages, the first of them two kernels (for
+# KDA a third one that runs only where the gates decay very fast):
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
 # | 1a factors `_factor_kernel` (DeltaNet, Gated DeltaNet) | (chunk, head) | $K,Q$ tiles $[C,K]$, and $K$ again as four 16-row blocks | $QK^\top$; the ten 16×16 blocks of $KK^\top$, inverted in registers; writes $A_{qk}$ and $\mathcal T=(I+A)^{-1}$ |
-# | 1a KDA scores `_scores_kernel` | (chunk, head, sub-chunk) | one sub-chunk's 16 rows of $K, Q$ | blocks split at sub-chunk boundaries; writes $A$ (float32) and $A_{qk}$ |
-# | 1b KDA inverse `_inverse_kernel` | (chunk, head) | the ten 16×16 blocks of $A$ | the same inversion in registers; writes $\mathcal T$ |
-# | 1c W/U `_wu_kernel` | (chunk, head, part of 2) | $\mathcal T$ $[C,C]$ with $K$ and the gates, or with $V$ | $\mathcal T(\beta K\odot e^G)$, storing also $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$; or $\mathcal T(\beta V)$, $B_V$ columns at a time |
+# | 1a KDA factors `_kda_split_kernel` | (chunk, head) | four 16-row blocks of $K\odot e^{G}$, $K\odot e^{-G}$, $Q\odot e^{G}$ | the ten blocks of $A$ and of $A_{qk}$, $A$ inverted in registers, then $W = \mathcal T(\beta K\odot e^G)$; writes $A_{qk}$, $\mathcal T$, $W$, $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$, and flags chunks whose gates decay too fast |
+# | 1b KDA exact `_kda_exact_kernel` | (chunk, head) | a flagged chunk (the others return at once): its rows by 16-row blocks | the same outputs with every exponent $\le 0$ (section 2) |
+# | 1c W/U `_wu_kernel` | (chunk, head, part of 2; KDA: part 2 only) | $\mathcal T$ $[C,C]$ with $K$ and the gates, or with $V$ | $\mathcal T(\beta K\odot e^G)$, storing also $\tilde K$ and $e^{G_C}$; or $\mathcal T(\beta V)$, $B_V$ columns at a time |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #
@@ -99,8 +100,8 @@ DEV = linattn.device.default_device()
 # register tile (Triton has no cheap way to do that, and an earlier version of this kernel spent
 # most of its time doing it). Where the 16×16 blocks of a $C\times C$ matrix are needed, they are
 # ten separate variables from the start. The library exposes the stages one by one (`plan`,
-# `factor_stage` — for KDA `scores_stage` then `inverse_stage` —, `wu_stage`, together
-# `wy_stage`; then `state_stage`, `output_stage`), and we use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a
+# `factor_stage`, `wu_stage`, together `wy_stage`; then `state_stage`, `output_stage`), and we
+# use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a
 # larger `chunk_size` is refused by name, because on the H200 DeltaNet at $C = 128$ in float32 and
 # KDA at $C = 256$ in bf16 ($K = V = 128$) had not finished compiling after minutes.
 
@@ -112,10 +113,10 @@ q, k, v, g, beta, S0 = (args[n] for n in ("q", "k", "v", "g", "beta", "initial_s
 d = check_inputs(q, k, v, g=g, beta=beta, gate=True, delta=True)
 p = tdelta.plan(q, g, d, C)
 print(f"T={T}, chunk C={C}: {p.NT} chunks × {B * H} heads = {p.NT * B * H} (chunk, head) pairs, "
-      "each a program of every stage-1 kernel (KDA scores: one per sub-chunk)")
+      "each a program of every stage-1 kernel")
 
 # %% [markdown]
-# ## 2. Stage 1: scores with exponents that stay ≤ 0
+# ## 2. Stage 1: scores split at the chunk start, and when that is not safe
 #
 # The tempting way to build $A$ with one matmul is the factorised form
 # $(K\odot e^{G})(K\odot e^{-G})^\top$. Over a chunk of 64 tokens with log-gates near $-20$, $G$
@@ -133,49 +134,75 @@ print("factorised form: NaN entries", factorised.isnan().sum().item(), "of", fac
 print("exact scores finite:", bool(exact.isfinite().all()))
 
 # %% [markdown]
-# The kernel never forms $e^{+G}$. It splits the chunk into sub-chunks of 16 tokens and treats the
-# $C\times C$ score matrix in two kinds of blocks:
+# Only the range goes wrong, though. Where the chunk's gates decay by less than 60 in every key
+# dimension ($-G_C < 60$), $e^{-G_j} \le e^{60} \approx 10^{26}$ is far from float32's
+# $3\cdot 10^{38}$, and the factorised form is exact up to rounding: each term
+# $k_{id}e^{G_{id}}\cdot k_{jd}e^{-G_{jd}}$ keeps its true size, so rounding the two factors
+# (to bf16, say) costs what rounding $k_{id}k_{jd}$ would. bf16 has float32's exponent range;
+# fp16 (largest value 65504) does not, so the kernels do these products in bf16 for fp16 inputs
+# too. How fast do realistic gates decay? The benchmark's gates, $\log\sigma(x)/16$, against the
+# strong ones, per chunk of 64 tokens:
+
+# %%
+for strength in ("normal", "strong"):
+    gates = testing.log_gates((64, 64, 128), strength)               # [chunks, C, K]
+    spread = -gates.sum(1).min(-1).values                            # [chunks] max_d −G_C
+    print(f"{strength:6s} gates: the fastest-decaying key dim per chunk decays by "
+          f"{spread.min():7.1f} … {spread.max():7.1f}; past 60: {(spread >= 60).float().mean():.0%} of chunks")
+Gn = torch.cumsum(testing.log_gates((64, 16), "normal"), 0)
+split = (ks * Gn.exp()) @ (ks * (-Gn).exp()).T
+exact_n = torch.einsum("id,jd,ijd->ij", ks.double(), ks.double(),
+                       (Gn[:, None] - Gn[None]).double().clamp(max=0).exp())
+err = testing.rel_err(split.tril(), exact_n.tril())
+print(f"normal gates: factorised form in float32 vs exact, lower triangle: rel err {err:.1e}")
+assert err < 1e-6
+
+# %% [markdown]
+# So stage 1 of KDA takes the fast form where it is safe and checks where it is not:
 #
-# * **below the diagonal blocks** (row $i$ in sub-chunk $s$, column $j$ in an earlier one): split
-#   the decay at the last token $b = 16s-1$ before sub-chunk $s$,
-#   $e^{G_i-G_j} = e^{G_i-G_b}\cdot e^{G_b-G_j}$. Both exponents are $\le 0$ ($i$ after $b$, $j$ up to
-#   $b$), so $(K_s\odot e^{G-G_b})\,(K_{<s}\odot e^{G_b-G})^\top$ is one tensor-core `tl.dot` per
-#   sub-chunk, in bf16 when the inputs are bf16. Factors that underflow to 0 belong to scores that
-#   really are below float32's range.
-# * **the 16×16 diagonal blocks**: no boundary lies between $i$ and $j$, so a split must let
-#   one factor exceed 1. The kernel splits at the sub-chunk's first token $f$:
-#   $e^{G_i-G_j} = e^{G_i-G_f}\cdot e^{G_f-G_j}$ with $e^{G_f-G_j}\ge 1$, which is safe as long as
-#   the gates decay by less than 60 across the 16 tokens ($e^{60}\approx 10^{26}$, far from
-#   float32's $3\cdot 10^{38}$): then the block is one float32 dot. Gates of trained models
-#   decay far less than that; for stronger ones (log-gates of $-20$ per token) the kernel takes a
-#   second path, column by column: $E_i = e^{G_i-G_j}$ for all rows $i\ge j$ at once, updated
-#   from column $j+1$ to $j$ by the factor $e^{g_{j+1}}\le 1$ — one exponential per key
-#   dimension per column, and no exponent is ever positive. The block sums its own 16 gates from
-#   zero: a small sum rounds less than the chunk's running sum near $-1000$. Each block is stored
-#   straight to its place in $A$ in memory.
-#
-# Stage 1 also prepares what the state pass will need, so that the sequential loop of stage 2
-# has no exponentials at all: $\tilde K = K\odot e^{G_C-G}$ and $e^{G_C}$. The tail sum
-# $G_C - G_i = g_{i+1}+\dots+g_C$ is summed from the end of the chunk (`tl.cumsum(…, reverse=True)`
-# over the gates shifted by one row), not formed as a difference of two large prefix sums.
+# * `_kda_split_kernel` computes every chunk by the factorised form. It still builds $A$ and
+#   $A_{qk}$ as ten 16×16 blocks — from four 16-row blocks of $K\odot e^{G}$, $K\odot e^{-G}$ and
+#   $Q\odot e^{G}$, one `tl.dot` per block, as the Gated DeltaNet kernel does — so that $A$ is
+#   inverted where it was computed (section 3). With $K\odot e^{G}$ at hand, it also gives
+#   $W = \mathcal T(\beta K\odot e^G)$, and $\tilde K = K\odot e^{G_C-G} = (K\odot e^{-G})\,e^{G_C}$
+#   (two factors in range) and $e^{G_C}$ for the state pass, so that the sequential loop of stage
+#   2 has no exponentials at all. A chunk with $-G_C \ge 60$ in some key dimension is flagged
+#   (its outputs are kept finite: $e^{-G}$ is capped at $e^{60}$).
+# * `_kda_exact_kernel` redoes the flagged chunks (the others cost it one load of a flag). It
+#   never lets an exponent exceed the bound. It treats the $C\times C$ score matrix in two kinds
+#   of 16×16 blocks:
+#   - **below the diagonal blocks** (row $i$ in block $s$, column $j$ in an earlier one): split
+#     the decay at the last token $b = 16s-1$ before block $s$,
+#     $e^{G_i-G_j} = e^{G_i-G_b}\cdot e^{G_b-G_j}$. Both exponents are $\le 0$ ($i$ after $b$, $j$
+#     up to $b$), so each block is one tensor-core `tl.dot`, in bf16 when the inputs are bf16.
+#     Factors that underflow to 0 belong to scores that really are below float32's range.
+#   - **the diagonal blocks**: no boundary lies between $i$ and $j$, so a split must let one
+#     factor exceed 1. The kernel splits at the token before the block, safe when the block's
+#     own 16 gates decay by less than 60; for stronger ones (log-gates of $-20$ per token) it
+#     goes column by column: $E_i = e^{G_i-G_j}$ for all rows $i\ge j$ at once, updated from
+#     column $j+1$ to $j$ by the factor $e^{g_{j+1}}\le 1$ — one exponential per key dimension
+#     per column, and no exponent is ever positive. Each block sums its own 16 gates from zero:
+#     a small sum rounds less than the chunk's running sum near $-1000$.
 #
 # For Gated DeltaNet the decay is one number per pair $(i,j)$: the factor kernel takes each
 # 16×16 block of $KK^\top$ with one dot and multiplies it by its block of $e^{\min(G_i-G_j,0)}$ —
-# no split needed; DeltaNet skips the factor. Their $A$ never goes to memory: it is inverted where
-# it was computed (section 3).
-# The picture shows which blocks of $A$ (strict) and $A_{qk}$ (diagonal included) come from where:
+# no split needed, and no bound; DeltaNet skips the factor. Its tail $G_C - G_i = g_{i+1}+\dots+g_C$
+# is summed from the end of the chunk (`tl.cumsum(…, reverse=True)`), not formed as a difference
+# of two large prefix sums. The picture shows how the exact kernel builds a chunk's $A$ (strict)
+# and $A_{qk}$ (diagonal included):
 
 # %%
 Cf, sub = 64, 16
 i, j = torch.meshgrid(torch.arange(Cf), torch.arange(Cf), indexing="ij")
 role = torch.zeros(Cf, Cf)
 role[(i // sub > j // sub)] = 1                           # dots split at a sub-chunk boundary
-role[(i // sub == j // sub) & (i >= j)] = 2               # diagonal blocks, float32
+role[(i // sub == j // sub) & (i >= j)] = 2               # diagonal blocks
 fig, ax = plt.subplots(figsize=(4.2, 4.2))
 ax.imshow(role, cmap=plt.matplotlib.colors.ListedColormap(["white", "#7fb3d5", "#f0a35e"]))
 for s in range(1, Cf // sub):
     ax.axhline(s * sub - 0.5, color="k", lw=0.5); ax.axvline(s * sub - 0.5, color="k", lw=0.5)
-ax.set_title("scores of one chunk (C=64)\nblue: tl.dot split at boundary · orange: float32 block")
+ax.set_title("the exact kernel's scores of one chunk (C=64)\n"
+             "blue: tl.dot split at a block boundary · orange: diagonal block", fontsize=9)
 ax.set_xlabel("key j"); ax.set_ylabel("row i")
 plt.show()
 
@@ -261,27 +288,36 @@ assert testing.rel_err(skip, exact[:16, :16]) > 1e-3
 # product (10-bit mantissa) — the $W$/$U$ dots round $\mathcal T$ to the 8 bits of bf16 anyway,
 # so a third of the tensor-core work buys nothing there. Under the interpreter they are exact
 # float32. When only the forward reads $\mathcal T$, it is stored in the tile dtype; the backward
-# gets float32. Then `_wu_kernel` gives $W = \mathcal T(\beta\,K\odot e^{G})$ and
-# $U = \mathcal T(\beta V)$, one program per $[C, K]$ or $[C, B_V]$ output tile. Run the three
-# kernels of KDA's stage 1 and compare what each wrote with the chunk level
-# (`linattn.chunk.delta`, float64 here): $A$ and $\mathcal T$, then the factors $W$, $U$ and
-# $A_{qk}$:
+# gets float32. Then $W = \mathcal T(\beta\,K\odot e^{G})$ — for KDA in the factor kernel, for
+# the others in `_wu_kernel` — and $U = \mathcal T(\beta V)$ in `_wu_kernel`, one program per
+# $[C, K]$ or $[C, B_V]$ output tile. Run KDA's stage 1, once with the gates of this chapter and
+# once with strong ones (every chunk redone by the exact kernel), and compare what it wrote with
+# the chunk level (`linattn.chunk.delta`, float64 here): $\mathcal T$, then the factors $W$, $U$
+# and $A_{qk}$. ($A$ itself never leaves the registers.)
 
 # %%
-wy = tdelta.wy_stage(*(x.contiguous() for x in (q, k, v, g, beta)), p)
-d64 = check_inputs(q.double(), k.double(), v.double(), g=g, beta=beta, gate=True, delta=True)
-f = cdelta.factors(*testing.to_float64(dict(q=q, k=k, v=v, g=g, beta=beta)).values(), d64, C,
-                   delta=True)
-kc, gc = cdelta.to_chunks(k.double(), C), cdelta.chunk_gates(g.double(), d64, C, k.device)
-A_ref = cdelta.to_chunks(beta.double()[..., None], C) * cdelta.decayed_scores(kc, kc, gc, strict=True)
-for name, ours, ref in [("A", wy["a"], cdelta.from_chunks(A_ref, T)),
-                        ("𝒯", wy["ai"], cdelta.from_chunks(cdelta.unit_lower_inverse(A_ref), T)),
-                        ("W", wy["w"], cdelta.from_chunks(f.W, T)),
-                        ("U", wy["u"], cdelta.from_chunks(f.U, T)),
-                        ("Aqk", wy["aqk"] / d.scale, cdelta.from_chunks(f.Aqk, T))]:
-    e = testing.rel_err(ours, ref)
-    print(f"stage 1 {name:3s}: rel err {e:.1e}")
-    assert e < testing.tolerance(torch.float32)
+def stage_one(g):
+    """KDA's stage 1 and the float64 chunk level's factors for gates g: (wy, f, {name: rel err})."""
+    wy = tdelta.wy_stage(*(t.contiguous() for t in (q, k, v, g, beta)), tdelta.plan(q, g, d, C))
+    d64 = check_inputs(q.double(), k.double(), v.double(), g=g, beta=beta, gate=True, delta=True)
+    f = cdelta.factors(*testing.to_float64(dict(q=q, k=k, v=v, g=g, beta=beta)).values(), d64, C,
+                       delta=True)
+    kc, gc = cdelta.to_chunks(k.double(), C), cdelta.chunk_gates(g.double(), d64, C, k.device)
+    A_ref = cdelta.to_chunks(beta.double()[..., None], C) * cdelta.decayed_scores(kc, kc, gc, strict=True)
+    refs = {"𝒯": cdelta.unit_lower_inverse(A_ref), "W": f.W, "U": f.U, "Aqk": f.Aqk * d.scale}
+    ours = {"𝒯": wy["ai"], "W": wy["w"], "U": wy["u"], "Aqk": wy["aqk"]}
+    return wy, f, {n: testing.rel_err(ours[n], cdelta.from_chunks(refs[n], T)) for n in refs}
+
+
+def report(label, wy, errs):
+    print(f"{label:21s}: chunks redone exactly {int(wy['exact'].sum())} of {wy['exact'].numel()}; "
+          "rel err " + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+    assert max(errs.values()) < testing.tolerance(torch.float32)
+
+
+wy, f, errs = stage_one(g)               # the factors the next sections go on with
+report("this chapter's gates", wy, errs)
+report("strong gates", *stage_one(testing.log_gates(g.shape, "strong").to(DEV))[::2])
 
 # %% [markdown]
 # ## 4. Stage 2: the affine pass over chunks
