@@ -481,16 +481,16 @@ if rows:
               f"bf16 rel err vs the float32 chunk level ≤ {max(errs):.1e}")
 
 # %% [markdown]
-# Read plainly: **our delta-rule kernels are correct; DeltaNet is ahead of FLA at every length,
-# Gated DeltaNet level with it at short $T$ and ahead at long $T$, KDA behind** — most at short
-# $T$, where stage 1 (every chunk at once) is most of the work. Our aim for KDA — a forward no
-# slower than FLA's at every $T$ — is not met by these kernels. Against the memory floor (every input read once and the output written once at
-# the copy bandwidth measured in the same run) all three are an order of magnitude away: stage 1
-# does many small dense products per chunk, far more work than the bytes it moves.
-# The relative errors are within the bf16 tolerance ($10^{-2}$).
+# Read plainly: **our delta-rule kernels are correct, and DeltaNet and KDA are ahead of FLA at
+# every length, Gated DeltaNet level with it at short $T$ and ahead at long $T$.** The gap is
+# widest at long $T$, where FLA's sequential state pass is slower than ours (below). Against the
+# memory floor (every input read once and the output written once at the copy bandwidth
+# measured in the same run) all three are still 6–9× away: stage 1 does many small dense
+# products per chunk, far more work than the bytes it moves. The relative errors are within the
+# bf16 tolerance ($10^{-2}$).
 #
-# **Four designs of stage 1.** How the same algebra is laid out in registers decides the speed,
-# and only a GPU shows it. Four designs of stage 1, each correct in the interpreter:
+# **Five designs of stage 1.** How the same algebra is laid out in registers decides the speed,
+# and only a GPU shows it. Five designs of stage 1, each correct in the interpreter:
 #
 # 1. **One kernel on rank-3 and rank-4 register tensors** (`[C/16, 16, K]`, pulling row $j$ of a
 #    block out with a masked sum) — natural in NumPy. Natively it faulted in bf16, and the scores
@@ -509,9 +509,20 @@ if rows:
 #    the tensor cores. For DeltaNet and Gated DeltaNet the scores and the inverse are one kernel
 #    and $A$ never leaves the chip. On the H200 (bf16, $T = 1$k, 16 heads, 2026-11-23) Gated
 #    DeltaNet's scores + inverse went from 0.469 ms (design 3) to 0.223 ms, its forward from
-#    1.19 to 0.88 ms.
+#    1.19 to 0.88 ms. For KDA, design 4 first kept design 3's split at every sub-chunk boundary:
+#    a scores kernel with one program per sub-chunk writing $A$, then the register inverse.
+# 5. **KDA split at the chunk start, checked per chunk** (section 2, the kernels this chapter
+#    runs): where the chunk's gates decay by less than 60, its scores are the factorised form,
+#    computed as design 4 computes Gated DeltaNet's, with $W$ and the decays in the same program;
+#    the rare chunks past the bound are redone by the exact kernel. KDA's stage 1 went from
+#    2.38 ms (design 4: scores 1.58 + inverse 0.09 + $W$/$U$ 0.70) to 0.91 ms (0.81 + $U$ 0.08 +
+#    0.02 for the exact kernel finding nothing to do), its forward at $T = 1$k from 2.79 to
+#    1.33 ms. Putting every chunk through the exact kernel's 16-row decays in one program (no
+#    flag) took 2.9 ms on its own: its per-pair decays and diagonal-block products spilled
+#    registers.
 #
-# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against design 4:
+# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against the kernels now
+# (design 4; for KDA design 5):
 
 # %%
 old = bench.recorded_run("11_kda_triton.json")
@@ -520,7 +531,7 @@ if not old:
 else:
     print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
     now = {r["T"]: r for r in rows}
-    print("ms, design 1 → design 4 (design 4 / design 1):")
+    print("ms, design 1 → now (now / design 1):")
     print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
     for r in old["base"]:
         if r["T"] in now:
@@ -530,13 +541,14 @@ else:
         print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
 
 # %% [markdown]
-# For KDA, design 4 is several times faster than design 1, whose one stage-1 kernel
+# For KDA, design 5 is several times faster than design 1, whose one stage-1 kernel
 # (`_wy_kernel`) took almost all of KDA's time. For DeltaNet and Gated DeltaNet, whose scores
 # carry no per-dimension decay, design 1 was faster than design 3: its one kernel kept the
 # chunk's blocks on chip, where design 3 wrote $A$ and read it back between kernels. Design 4
-# keeps $A$ on chip as design 1 did, without moving blocks inside register tiles: in this run it
-# is faster than design 1 at every length but one (Gated DeltaNet at 16k, within 3 %, where the
-# state pass is most of the time).
+# keeps $A$ on chip as design 1 did, without moving blocks inside register tiles: in the recorded
+# runs it is faster than design 1 at all or all but one of the lengths (the printout above says
+# which; where it is not, the two are within a few per cent and the state pass is most of the
+# time).
 
 # %%
 if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
@@ -552,28 +564,31 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 
 # %% [markdown]
 # **Where the time goes.** A per-kernel profile (`tools/profile_ops.py`, H200, bf16, triton 3.6,
-# fla 0.6.0, 2026-11-23, ms; for DeltaNet and Gated DeltaNet scores and inverse are one kernel):
+# fla 0.6.0, 2026-11-23, ms; stage 1 is the factor kernel and W/U, for KDA the split kernel
+# (with $W$), the exact kernel and $U$):
 #
-# | | $T$ | scores + inverse | W/U | state pass | output | total | FLA total | FLA state pass |
+# | | $T$ | stage 1 | state pass | output | total | FLA stage 1 | FLA state pass | FLA total |
 # |---|---|---|---|---|---|---|---|---|
-# | DeltaNet | 1k | 0.183 | 0.167 | 0.219 | 0.177 | 0.745 | 0.987 | 0.215 |
-# | DeltaNet | 32k | 0.187 | 0.182 | 0.425 | 0.185 | 0.978 | 1.490 | 0.694 |
-# | Gated DeltaNet | 1k | 0.215 | 0.217 | 0.220 | 0.184 | 0.836 | 0.840 | 0.223 |
-# | Gated DeltaNet | 32k | 0.228 | 0.243 | 0.458 | 0.197 | 1.125 | 1.578 | 0.926 |
-# | KDA | 1k | 1.580 + 0.092 | 0.704 | 0.221 | 0.196 | 2.794 | 1.717 | 0.248 |
-# | KDA | 32k | 1.579 + 0.096 | 0.728 | 0.456 | 0.200 | 3.060 | 2.694 | 1.172 |
+# | DeltaNet | 1k | 0.182 + 0.167 | 0.219 | 0.177 | 0.744 | 0.555 | 0.214 | 0.988 |
+# | DeltaNet | 32k | 0.190 + 0.181 | 0.426 | 0.184 | 0.982 | 0.570 | 0.697 | 1.493 |
+# | Gated DeltaNet | 1k | 0.216 + 0.213 | 0.221 | 0.184 | 0.833 | 0.370 | 0.223 | 0.840 |
+# | Gated DeltaNet | 32k | 0.228 + 0.237 | 0.460 | 0.197 | 1.122 | 0.389 | 0.927 | 1.579 |
+# | KDA | 1k | 0.805 + 0.019 + 0.083 | 0.222 | 0.196 | 1.326 | 1.227 | 0.247 | 1.714 |
+# | KDA | 32k | 0.810 + 0.019 + 0.094 | 0.461 | 0.201 | 1.585 | 1.273 | 1.173 | 2.697 |
 #
-# DeltaNet's stage 1 (0.35 ms at $T = 1$k) is now well under FLA's (scores 0.06, inverse 0.32,
-# W/U 0.15). For Gated DeltaNet at $T = 1$k the two forwards are level: our factor kernel (0.215)
-# is a little slower than FLA's fused scores + inverse (0.190) — ours also writes $A_{qk}$, which
-# FLA's output kernel recomputes — and our W/U (0.217 against 0.150) also writes the decayed keys
-# $\tilde K$ that FLA's state pass forms itself; our state pass and output make up the
-# difference. At $T = 32$k, with one sequence of 16 heads, the sequential state pass is the
-# largest kernel, and ours is ahead of FLA's (0.43 against 0.69 ms for DeltaNet, 0.46 against
-# 0.93 for Gated DeltaNet): every load in its chunk loop is software-pipelined (chapter 10, §4 —
-# here the keys stay in bf16 and the chunk's decay is loaded one chunk ahead). For KDA the scores
-# kernel alone (1.58 ms) takes nearly as long as FLA's whole forward at $T = 1$k (1.72 ms), and
-# its W/U kernel (0.70 ms against FLA's 0.25) is the next candidate.
+# (FLA's stage 1: its scores, inverse, $W$/$U$ and gate cumsum kernels, and the elementwise
+# kernels it launches; its output kernel makes up the rest.) DeltaNet's stage 1 (0.35 ms at
+# $T = 1$k) is well under FLA's (0.56, most of it FLA's inverse). For Gated DeltaNet at $T = 1$k
+# the two forwards are level: our stage 1 is slower (0.43 against 0.37 ms) — ours also writes
+# $A_{qk}$, which FLA's output kernel recomputes, and the decayed keys $\tilde K$, which FLA's
+# state pass forms itself — and our output kernel makes up the difference. KDA's stage 1 is now
+# 0.91 ms against FLA's 1.23: one split kernel does what FLA spreads over four (a token-parallel
+# kernel for the diagonal blocks, one for the blocks below and the inverse, $W$/$U$, and a
+# cumulative sum of the gates). At $T = 32$k, with one sequence of 16 heads, the sequential
+# state pass is the largest kernel, and ours is ahead of FLA's (0.43 against 0.70 ms for
+# DeltaNet, 0.46 against 0.93 for Gated DeltaNet, 0.46 against 1.17 for KDA): every load in its
+# chunk loop is software-pipelined (chapter 10, §4 — here the keys stay in bf16 and the chunk's
+# decay is loaded one chunk ahead).
 #
 # One cost can be seen on a CPU without a GPU: Triton compiles for a GPU it does not have
 # (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
@@ -588,14 +603,15 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 # ## Summary
 #
 # * The delta rule's chunk form is three stages: a fully parallel **WY/UT** stage (plain kernels:
-#   factors — scores and inverse in one for DeltaNet and Gated DeltaNet, two for KDA — then $W$
-#   and $U$), a sequential **affine state pass** that keeps $S$
+#   factors, scores and inverse in one kernel, then $W$ and $U$), a sequential **affine state
+#   pass** that keeps $S$
 #   on chip and applies $S' = MS + B$ through $\tilde V = U - WS$, and a fully parallel **output**
 #   stage.
-# * No exponential can overflow: between sub-chunks the decay is split at the sub-chunk boundary
-#   (two factors $\le 1$ around a tensor-core dot); a 16×16 diagonal block is one float32 dot split
-#   at its first token when its gates decay by less than 60, else built column by column with
-#   factors $e^{g}\le 1$. Log-gates of $-20$ per token give no NaN.
+# * KDA's scores are the factorised form $(K\odot e^{G})(K\odot e^{-G})^\top$ in chunks whose gates
+#   decay by less than 60 — nearly all chunks of realistic gates — and nothing can overflow
+#   there; the kernel flags the other chunks, and an exact kernel redoes them with every
+#   exponent $\le 0$ (decays split at 16-row block boundaries, diagonal blocks column by column
+#   with factors $e^{g}\le 1$ where they decay fast). Log-gates of $-20$ per token give no NaN.
 # * $(I+A)^{-1}$ comes from ten 16×16 register tiles: the diagonal blocks by doubling
 #   ($X \leftarrow X - XLX$, exact because $LXL = 0$), the blocks below by
 #   $\mathcal T_{ij} = -\mathcal T_{ii}\sum_m A_{im}\mathcal T_{mj}$, on the tensor cores (one tf32
@@ -604,11 +620,12 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
 #   reduced to a $C\times C$ factor or removed.
 # * The state pass is the only sequential stage; its V-block width is chosen so that long
 #   sequences with few heads still occupy every SM.
-# * Measured on an H200 (the recorded run of section 8): correct; DeltaNet ahead of FLA at every
-#   length, Gated DeltaNet level at short $T$ and ahead at long $T$, KDA behind (its scores
-#   kernel); the aim for KDA (no slower than FLA at every $T$) is not met. How stage 1 is laid out
-#   in registers decides the speed: blocks kept as separate tiles and inverted where they were
-#   computed beat both one kernel on rank-3 register tensors and blocks moved through memory.
+# * Measured on an H200 (the recorded run of section 8): correct; DeltaNet and KDA ahead of FLA
+#   at every length, Gated DeltaNet level at short $T$ and ahead at long $T$. How stage 1 is laid
+#   out in registers decides the speed: blocks kept as separate tiles and inverted where they
+#   were computed beat both one kernel on rank-3 register tensors and blocks moved through
+#   memory; for KDA, taking the cheap factorised form where it is safe and checking where it is
+#   not beat splitting every block exactly.
 #
 # **Workbook:** [`exercises/11_kda_triton.py`](../exercises/11_kda_triton.py) — write the
 # stage-1 kernels and the state pass yourself, checked against the library's. The kernels' own
