@@ -144,21 +144,27 @@ def _mm32(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def _row_block(i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    """Offsets [16, BK] of rows 16 i … 16 i + 15 of a chunk's [C, K] tile stored row t at t·H·K,
+    their mask (inside the sequence, the chunk and K), the row mask and the row offsets t·H [16]."""
+    r = tl.arange(0, BS)
+    dk = tl.arange(0, BK)
+    rows = i * BS + r
+    rm = (n * C + rows < T) & (rows < C)
+    return (rows * H)[:, None] * K + dk[None, :], rm[:, None] & (dk[None, :] < K), rm, rows * H
+
+
+@triton.jit
 def _kda_rows(q, k, g, beta, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr,
               BK: tl.constexpr):
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C): keys and queries [16, BK] float32,
     β [16], Gl [16, BK] = G − G_b summed from the block start (b: the token before the block)
     and the block's gate total s [BK] = Gl of its last row (≤ 0)."""
-    r = tl.arange(0, BS)
-    dk = tl.arange(0, BK)
-    rows = i * BS + r
-    rm = (n * C + rows < T) & (rows < C)
-    m = rm[:, None] & (dk[None, :] < K)
-    at = (rows * H)[:, None] * K + dk[None, :]
+    at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
     qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
     gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
-    bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     return kb, qb, bb, tl.cumsum(gb, axis=0), tl.sum(gb, axis=0)
 
 
@@ -418,12 +424,7 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
     (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
     K ⊙ e^{−G}, Q ⊙ e^G (SDT, [16, BK]), β [16] and P for the next block."""
-    r = tl.arange(0, BS)
-    dk = tl.arange(0, BK)
-    rows = i * BS + r
-    rm = (n * C + rows < T) & (rows < C)
-    m = rm[:, None] & (dk[None, :] < K)
-    at = (rows * H)[:, None] * K + dk[None, :]
+    at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
     G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
     kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
@@ -431,7 +432,7 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     eg = tl.exp(G)                                                                # ≤ 1
     qe = qb * eg
     tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
-    bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
     return ((kb * eg).to(SDT), (kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))).to(SDT), qe.to(SDT), bb,
             P + tl.sum(gb, axis=0))
