@@ -48,8 +48,7 @@ BS = tl.constexpr(SUB)  # the same, as kernels see it
 # 16-row block in `_kda_diag`. Past it: `_kda_exact_kernel`, and in there `_diag_walk`.
 DIAG_DOT_RANGE = tl.constexpr(60.0)
 # Warps per program, measured on an H200 (bf16, H = 16, K = V = 128, C = 64, T = 1k and 32k):
-# KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U with per-dimension gates 4 warps
-# 0.69 ms vs 8 warps 1.05;
+# KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U 4 warps;
 # factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps 0.38 / 0.62 / 1.17 ms, with tf32
 # products 1 and 2 warps alike (0.22). The exact KDA kernel runs only for strongly decaying
 # chunks; 4 warps, as its first version. (8 warps spill less when compiled for sm_90 on a CPU,
