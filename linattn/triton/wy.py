@@ -241,21 +241,13 @@ def _kda_key_rows(q, k, g, beta, kd, qg, pre, suf, scale, i: tl.constexpr, n, T,
 
 @triton.jit
 def _join(X, A, s: tl.constexpr, PREC: tl.constexpr):
-    """X inverts the diagonal blocks of side s of I + A (A strictly lower, n×n); return the
+    """X inverts the diagonal blocks of side s of I + A (A strictly lower 16×16); return the
     inverse for blocks of side 2s. L, the entries joining two neighbours (rows in the lower
     half, columns in the upper), satisfies L X L = 0, so (X⁻¹ + L)⁻¹ = X − X L X exactly."""
-    r = tl.arange(0, X.shape[0])
+    r = tl.arange(0, BS)
     i, j = r[:, None], r[None, :]
-    L = tl.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)   # [n, n]
+    L = tl.where((i // (2 * s) == j // (2 * s)) & (i // s != j // s), A, 0.0)   # [16, 16]
     return X - _mm32(X, _mm32(L, X, PREC), PREC)
-
-
-@triton.jit
-def _side_two(A):
-    """(I + A)⁻¹ of the 2×2 diagonal blocks of I + A: 1 on the diagonal, −A below it."""
-    r = tl.arange(0, A.shape[0])
-    i, j = r[:, None], r[None, :]
-    return tl.where(i == j, 1.0, 0.0) - tl.where((i // 2 == j // 2) & (i > j), A, 0.0)
 
 
 @triton.jit
@@ -263,7 +255,10 @@ def _diag_inverse(A, PREC: tl.constexpr):
     """(I + A)⁻¹ of one strictly lower 16×16 block by doubling the inverted block side
     1 → 2 → 4 → 8 → 16: six 16×16 products on the tensor cores instead of a chain of 15
     dependent row steps (each a reduction across threads)."""
-    return _join(_join(_join(_side_two(A), A, 2, PREC), A, 4, PREC), A, 8, PREC)
+    r = tl.arange(0, BS)
+    i, j = r[:, None], r[None, :]
+    X = tl.where(i == j, 1.0, 0.0) - tl.where((i // 2 == j // 2) & (i > j), A, 0.0)  # side 2
+    return _join(_join(_join(X, A, 2, PREC), A, 4, PREC), A, 8, PREC)
 
 
 @triton.jit
