@@ -104,3 +104,23 @@ def test_chunk_local_prefix(shape):
     for s in range(0, 37, 16):
         want = g[:, s:s + 16].double().cumsum(1)
         assert torch.allclose(b[:, s:s + 16].double(), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("per_token, split", [(-0.92, True), (-0.97, False)])
+def test_split_bound(per_token, split):
+    """Chunks of 64 decaying by 58.9 (inside e^60: factors returned) or by 62.1 (None)."""
+    g = torch.full((2, 3, 64, 5), per_token)                            # [.., C, K]
+    fast = decay.split(g)
+    assert (fast is not None) == split
+    if split:
+        lam, inv, gam = fast
+        E = lam[..., :, None, :] * inv[..., None, :, :]               # e^{b_i} e^{−b_j}
+        want = decay.pairwise_decay(g.double())                        # exp of segment sums
+        lower = torch.ones(64, 64, dtype=torch.bool).tril()[..., None]
+        assert testing.rel_err(E * lower, want) < 1e-5                  # the split's float32 error
+        assert testing.rel_err(gam, decay.total_decay(g.double())) < 1e-6
+
+
+def test_split_never_for_float16_operands():
+    g = torch.full((1, 16, 4), -0.01)
+    assert decay.split(g) is not None and decay.split(g, torch.float16) is None

@@ -213,3 +213,45 @@ def test_dimensions_that_never_forget_beside_ones_that_forget_at_once(dtype):
     o_ref, S_ref = reference(args)
     assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
     assert testing.rel_err(S, S_ref) <= testing.tolerance(dtype)
+
+
+def mixed_gates(args, cut):
+    """Log-gates strong (−20 per step at worst) from token `cut` on: chunks before it take the
+    split, chunks after it the exact paths."""
+    g = args["g"]
+    strong = testing.log_gates(tuple(g.shape), "strong", generator=torch.Generator().manual_seed(1))
+    args["g"] = torch.cat([g[:, :cut], strong[:, cut:].to(g.dtype)], 1)
+    return args
+
+
+@pytest.mark.parametrize("op,gate", [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_groups_of_chunks(monkeypatch, op, gate, dtype):
+    """Two chunks per group: the state handed from group to group, a short last group, and groups
+    that split next to groups that run the exact paths, against the float64 recurrence."""
+    monkeypatch.setattr(linattn.decay, "group_size", lambda *a: 2)
+    kw = {"gate": gate} if gate else {}
+    args = testing.make_inputs(op, B=2, T=150, H=2, K=16, V=24, dtype=dtype, initial_state=True,
+                               seed=7, **kw)
+    if gate:
+        args = mixed_gates(args, 80)
+    with testing.poisoned():
+        o, S = getattr(chunk, op)(**args, output_final_state=True, chunk_size=16)
+    o_ref, S_ref = getattr(naive, op)(**testing.to_float64(args), output_final_state=True)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, S_ref) <= state_tolerance(dtype)
+
+
+@pytest.mark.parametrize("gate", ["per_head", "per_dim"])
+@pytest.mark.parametrize("per_token", [-0.92, -0.97])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_split_bound(gate, per_token, dtype):
+    """Every gate decaying by 58.9 over a chunk of 64 (the split, factors up to e^58.9) or by 62.1
+    (past the bound: the exact paths)."""
+    args = testing.make_inputs("gla", B=1, T=128, H=2, K=32, V=32, dtype=dtype, gate=gate, seed=4)
+    args["g"] = torch.full_like(args["g"], per_token)
+    with testing.poisoned():
+        o, S = chunk.gla(**args, output_final_state=True, chunk_size=64)
+    o_ref, S_ref = reference(args)
+    assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
+    assert testing.rel_err(S, S_ref) <= state_tolerance(dtype)

@@ -15,6 +15,11 @@ C·c·K), and blocks smaller than c stay in float32, as the diagonal tiles do. F
 the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal decay mask D, and no
 secondary chunking is needed (sub_chunk_size is then validated but unused).
 
+Where every chunk of a group decays by less than e^60 in every dimension (`decay.split`; always
+for the gates of trained models) either gate shape takes one shortcut: exp(b_i − b_j) = Λ_i e^{−b_j}
+with e^{−b_j} ≤ e^60, so P = (Q̂ ⊙ Λ)(K ⊙ e^{−b})ᵀ masked, one matmul, and K ⊙ Γ = (K ⊙ e^{−b}) γ.
+Chunks are taken in groups (`decay.group_size`) so that on a CPU a group's work runs from cache.
+
 `inter_dtype` is the dtype the matmul operands are rounded to (the tensor-core tiles: Q̃K̃ᵀ, P V,
 Q̃ S, K̃ᵀ V); products are accumulated in float32, as tensor cores do. None → the input dtype.
 The backward (`gla_backward`) reads the forward's chunk states, rounding included, and otherwise
@@ -51,7 +56,7 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     if needs_grad(q, k, v, g, initial_state):
         o, S = ChunkwiseGated.apply(q, k, v, g, initial_state, plan)
     else:
-        o, S, _ = forward(q, k, v, g, initial_state, plan)
+        o, S, _ = forward(q, k, v, g, initial_state, plan, keep_states=False)
     return o, (S if output_final_state else None)
 
 
@@ -71,37 +76,61 @@ def needs_grad(*tensors) -> bool:
                                            for x in tensors)
 
 
-def forward(q, k, v, g, initial_state, plan):
+def forward(q, k, v, g, initial_state, plan, keep_states=True):
     """The chunkwise forward. g=None means no gate (linear attention). Returns the output in
-    v's dtype [B, T, H, V], the final state and the states entering each chunk [B, H, N, K, V]."""
+    v's dtype [B, T, H, V], the final state and, with keep_states, the states entering each chunk
+    [B, H, N, K, V] (else None).
+
+    The chunks go in groups (`decay.group_size`: a few hundred KB per tensor, so that a group's
+    matmuls run from the CPU's cache), the state carried from group to group exactly as from chunk
+    to chunk; every chunk computes what it would in one batch of all chunks."""
+    d, C = plan.d, plan.C
+    N, G = -(-d.T // C), decay.group_size(d.B, d.H, C, max(d.K, d.V))
+    S = initial(initial_state, d, q.device)                           # [B, H, K, V]
+    out = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=q.device)
+    Sin = q.new_empty((d.B, d.H, N, d.K, d.V), dtype=d.acc) if keep_states else None
+    for n in range(0, N, G):
+        t = slice(n * C, min((n + G) * C, d.T))
+        o, S, S_group = _forward_group(q[:, t], k[:, t], v[:, t], None if g is None else g[:, t], S, plan)
+        out[:, t] = decay.unchunked(o, t.stop - t.start)
+        if keep_states:
+            Sin[:, :, n:n + G] = S_group
+    return out, S, Sin
+
+
+def _forward_group(q, k, v, g, S, plan):
+    """One group of whole chunks (the last may be padded): q, k, v, g [B, t, H, ...] from the
+    state S [B, H, K, V]. Returns o [B, H, n, C, V], the state after the group and the states
+    entering its chunks [B, H, n, K, V]."""
     d, C = plan.d, plan.C
     # Padding (zeros for q, k, v; log-gate 0 = no decay) makes any T exact: see decay.chunked.
-    # Fresh dense copies: the matmuls run on dense batches, and they may be overwritten below
-    # (on a CPU a fresh buffer of a few MB can cost page faults comparable to its arithmetic).
-    qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, N, C, K]  Q̂
-    kc = dense_chunks(k, C, d.acc)                                    # [B, H, N, C, K]
-    vc = dense_chunks(v, C, d.acc)                                    # [B, H, N, C, V]
-    S0 = initial(initial_state, d, q.device)                          # [B, H, K, V]
+    # Fresh dense copies: the matmuls run on dense batches, and they are overwritten below.
+    qc = dense_chunks(q, C, d.acc).mul_(d.scale)                      # [B, H, n, C, K]  Q̂
+    kc = dense_chunks(k, C, d.acc)                                    # [B, H, n, C, K]
+    vc = dense_chunks(v, C, d.acc)                                    # [B, H, n, C, V]
+    gc = None if g is None else decay.per_dim(dense_chunks(g, C, d.acc), qc)  # [B, H, n, C, K or 1]
     gamma = None
-    if g is None:
-        P = _mm(qc, kc.transpose(-1, -2), plan.mm) * _causal(C, qc)   # [B, H, N, C, C]
-    elif g.dim() == q.dim():
-        sweep = gla_tiles.Sweep(dense_chunks(g, C, d.acc).exp_())     # per dimension: halving tiles
-        P = gla_tiles.intra_matrix(qc, kc, sweep, plan.c, plan.mm)   # [B, H, N, C, C]
+    fast = None if gc is None else decay.split(gc, plan.mm)           # (Λ, e^{−b}, γ) or None
+    if gc is None:
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(_causal(C, qc))  # [B, H, n, C, C]
+    elif fast is not None:                                            # every chunk decays < e^60
+        lam, inv, gamma = fast                                        # Λ, e^{−b}, γ
+        qc.mul_(lam), kc.mul_(inv)                                    # Q̂ ⊙ Λ, K ⊙ e^{−b}
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(_causal(C, qc))  # e^{b_i − b_j} inside
+        kc.mul_(gamma[..., None, :])                                  # K ⊙ Γ = K ⊙ e^{−b} γ
+    elif gc.shape[-1] > 1:
+        sweep = gla_tiles.Sweep(gc.exp_())                            # per dimension: halving tiles
+        P = gla_tiles.intra_matrix(qc, kc, sweep, plan.c, plan.mm)   # [B, H, n, C, C]
         qc.mul_(sweep.query), kc.mul_(sweep.key)                      # Q̂ ⊙ Λ, K ⊙ Γ
-        gamma = sweep.total                                           # [B, H, N, K]
+        gamma = sweep.total                                           # [B, H, n, K]
     else:
-        gc = dense_chunks(g, C, d.acc)                                # [B, H, N, C]
-        P = intra_chunk_matrix(qc, kc, gc, inter_dtype=plan.mm)       # per head: (Q Kᵀ) ⊙ D
-        lam, Gam, gamma = chunk_decays(gc, qc)                        # [B, H, N, C, 1] ×2, [.., 1]
+        P = intra_chunk_matrix(qc, kc, gc[..., 0], inter_dtype=plan.mm)  # per head: (Q Kᵀ) ⊙ D
+        lam, Gam, gamma = chunk_decays(gc[..., 0], qc)                # [B, H, n, C, 1] ×2, [.., 1]
         qc.mul_(lam), kc.mul_(Gam)                                    # Q̂ ⊙ Λ, K ⊙ Γ
-    Sin, S = _state_pass(kc, vc, gamma, S0, plan.mm)                  # [B, H, N, K, V], [B, H, K, V]
-    o = _mm(P, vc, plan.mm)                                           # [B, H, N, C, V] intra
+    Sin, S = _state_pass(kc, vc, gamma, S, plan.mm)                   # [B, H, n, K, V], [B, H, K, V]
+    o = _mm(P, vc, plan.mm)                                           # [B, H, n, C, V] intra
     _mm_add_(o, qc, Sin, plan.mm)                                     # + inter: (Q̂ ⊙ Λ) S_[n-1]
-
-    out = outputs.empty((d.B, d.T, d.H, d.V), dtype=d.acc, device=q.device)
-    out[:] = decay.unchunked(o, d.T)
-    return out.to(v.dtype), S, Sin
+    return o, S, Sin
 
 
 def dense_chunks(x, C, dtype):

@@ -46,7 +46,7 @@ class ChunkwiseGated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, plan):
-        o, S, Sin = forward(q, k, v, g, initial_state, plan)
+        o, S, Sin = forward(q, k, v, g, initial_state, plan, keep_states=not plan.recompute)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
         kept = () if plan.recompute else (Sin, S)                    # recompute=False: keep the states
@@ -88,9 +88,13 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
         sweep = gla_tiles.Sweep(gc.exp())
         P, dq_in, dk_in = gla_tiles.intra_backward(dP, qc, kc, sweep)  # [.., C, C], [.., C, K] ×2
     del dP
+    fast = None if gc is None else decay.split(decay.per_dim(gc, qc), plan.mm)
     if gc is None:
         lam = Gam = torch.ones((), dtype=d.acc, device=dev)           # no decay
         gam = None
+    elif fast is not None:                                            # the forward's split factors
+        lam, inv, gam = fast                                          # Λ, e^{−b} [.., C, K or 1], γ
+        Gam = inv * gam[..., None, :]
     elif sweep is None:
         lam, Gam, gam = chunk_decays(gc, qc)                          # Λ, Γ [B, H, N, C, 1], γ
     else:
@@ -98,7 +102,7 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
 
     # The chunk states: kept by the forward, or recomputed (one matmul per chunk and a short loop)
     # exactly as the forward computed them, operand rounding included: both give one gradient.
-    k_abs = kc * Gam                                                  # [B, H, N, C, K]  K ⊙ Γ
+    k_abs = kc * Gam if fast is None else (kc * inv).mul_(gam[..., None, :])  # [B, H, N, C, K]  K ⊙ Γ
     if kept:
         Sin, S_last = kept                                            # [B, H, N, K, V], [B, H, K, V]
     else:
