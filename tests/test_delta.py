@@ -109,7 +109,7 @@ def test_final_state_only_when_asked():
     assert chunk.delta_rule(**b)[1] is None and naive.delta_rule(**b)[1] is None
 
 
-@pytest.mark.parametrize("C", [1, 2, 5, 16, 37, 64])   # 37, 64: several block rows, a partial last one
+@pytest.mark.parametrize("C", [1, 2, 5, 16, 37, 64])   # 5, 37: padded to a power of two
 def test_unit_lower_inverse(C):
     gen = torch.Generator().manual_seed(C)
     A = torch.randn(3, C, C, generator=gen, dtype=torch.float64).tril(-1) / C
@@ -156,3 +156,29 @@ def test_beta_above_one_gives_a_negative_eigenvalue():
     for beta, lowest in [(0.5, 0.5), (1.5, -0.5), (2.0, -1.0)]:
         ev = torch.linalg.eigvalsh(torch.eye(8, dtype=torch.float64) - beta * k.T @ k)
         assert abs(ev.min().item() - lowest) < 1e-12 and abs(ev.max().item() - 1) < 1e-12
+
+
+@pytest.mark.parametrize("op,gate", [("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_groups_of_chunks(monkeypatch, op, gate, dtype):
+    """Two chunks per group: the state handed from group to group, a short last group, and groups
+    that split next to groups that run the exact paths (strong gates from token 80 on)."""
+    monkeypatch.setattr(chunk.delta.decay, "group_size", lambda *a: 2)
+    kw = {"gate": gate} if gate else {}
+    args = testing.make_inputs(op, B=2, T=150, H=2, K=16, V=24, dtype=dtype, initial_state=True,
+                               seed=7, **kw)
+    if gate:
+        strong = testing.log_gates(tuple(args["g"].shape), "strong", generator=torch.Generator().manual_seed(1))
+        args["g"] = torch.cat([args["g"][:, :80], strong[:, 80:].to(dtype)], 1)
+    check(getattr(chunk, op), args, getattr(naive, op), dtype, chunk_size=16)
+
+
+@pytest.mark.parametrize("gate", ["per_head", "per_dim"])
+@pytest.mark.parametrize("per_token", [-0.92, -0.97])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_split_bound(gate, per_token, dtype):
+    """Every gate decaying by 58.9 over a chunk of 64 (the split, factors up to e^58.9) or by 62.1
+    (past the bound: sub-chunks, or the per-head decay mask)."""
+    args = testing.make_inputs("kda", B=1, T=128, H=2, K=32, V=32, dtype=dtype, gate=gate, seed=4)
+    args["g"] = torch.full_like(args["g"], per_token)
+    check(chunk.kda, args, naive.kda, dtype, chunk_size=64)

@@ -15,17 +15,25 @@ independent of S:  Ṽ = U − W S. Then, per chunk,
 Stability: every exponential above is of a *difference* G_i − G_j with i ≥ j, or G_i − 0, or
 G_C − G_i, all ≤ 0 — decays are measured from the chunk boundary or between two tokens in causal
 order, never as e^{+G}. The factorised form (K ⊙ e^G)(K ⊙ e^{−G})ᵀ would overflow once the
-summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless. A segment
+summed log-decay passes ≈ −88 (float32); here log-gates of −20 per token are harmless. (Where every
+chunk decays by less than e^60 the factorised form is safe and is what runs: `SplitGates`.) A segment
 (j, i] or a tail (i, C] is summed on its own (or from pieces that are all ≤ 0) rather than as the
 difference of two prefix sums, whose rounding (≈ 1e-4 at a prefix of −1000 in float32) would
 swamp a short segment.
 
-Scores. With one gate per head (or none) the decay leaves the dot product: A_qk = (Q Kᵀ) ⊙ D
+Scores. Where every chunk decays by less than e^60 in every key dimension, e^{G_i − G_j} =
+e^{G_i} · e^{−G_j} with both factors in range (`decay.split`) and each score matrix is one matmul
+for either gate shape (`SplitGates`, chapter 11's split). Otherwise, exactly:
+with one gate per head (or none) the decay leaves the dot product: A_qk = (Q Kᵀ) ⊙ D
 with the C×C causal decay mask D. With one gate per key dimension it cannot, and a pairwise
 [C, C, K] decay tensor would cost K times the scores themselves; `SubChunkGates` splits the chunk
 into sub-chunks of 16 tokens instead (secondary chunking, as the Triton kernels do): blocks below
 the diagonal are matmuls after absorbing the decay relative to the sub-chunk boundary, the
 diagonal 16×16 blocks one bounded matmul each, or column by column where the gates are steep.
+
+Groups: the plain forward takes the chunks a group at a time (`decay.group_size`, a few hundred
+KB per tensor, so that on a CPU a group's factors and outputs run from cache) and hands the state
+from group to group; every chunk computes what it would in one batch of all chunks.
 
 Training: with a gradient wanted, the same forward runs inside the autograd.Function of
 linattn.chunk.delta_backward, whose backward is chunkwise too; `recompute` says whether it
@@ -36,8 +44,9 @@ transition is the identity and whose write is zero, and the padded outputs are d
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,6 +54,7 @@ from .. import decay, outputs
 from ..naive.delta import check_keys
 from ..naive.linear import initial
 from ..validate import check_chunk, check_inputs
+from .gla_tiles import _blocks
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -81,8 +91,17 @@ def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
         from .delta_backward import DeltaChunkFunction   # imports this module: no cycle at load
         o, S = DeltaChunkFunction.apply(q, k, v, g, beta, initial_state, d, C, recompute)
         return o, (S if output_final_state else None)
-    f = factors(q, k, v, g, beta, d, C, delta=True)
-    return state_pass(f, d, initial(initial_state, d, q.device), output_final_state, v.dtype)
+    # Groups of chunks (decay.group_size), each a batch small enough for the CPU's cache, the
+    # state carried from one to the next: the same numbers as all chunks in one batch.
+    S = initial(initial_state, d, q.device)                            # [B, H, K, V]
+    o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=q.device)
+    span = C * decay.group_size(d.B, d.H, C, max(d.K, d.V))
+    for t in (slice(s, min(s + span, d.T)) for s in range(0, d.T, span)):
+        part = (lambda x: None if x is None else x[:, t])
+        f = factors(*map(part, (q, k, v, g, beta)), replace(d, T=t.stop - t.start), C, delta=True)
+        Sin, S, Vt = entering_states(f, S)
+        write_outputs(o[:, t], f, Sin, Vt, d.scale)
+    return o, (S if output_final_state else None)
 
 
 # ---------------------------------------------------------------- chunk layout and gates
@@ -123,9 +142,13 @@ def decayed_scores(a, b, gc, *, strict):
 
 def gate_geometry(gc):
     """The decay structure of the chunks with log-gates gc [.., C, K or 1] (None: no gates), built
-    once for the decays, several score matrices and their gradients."""
+    once for the decays, several score matrices and their gradients: the split at the chunk
+    start where every chunk decays by less than e^60 (`SplitGates`), else the exact forms."""
     if gc is None:
         return NoGates()
+    fast = decay.split(gc)
+    if fast is not None:
+        return SplitGates(*fast)
     return HeadGates(gc) if gc.shape[-1] == 1 else SubChunkGates(gc)
 
 
@@ -140,6 +163,46 @@ class NoGates:
 
     def grad(self, M, a, b):
         return M @ b, M.transpose(-1, -2) @ a
+
+
+class SplitGates:
+    """Every chunk decays by less than e^{decay.SPLIT_RANGE}: e^{G_i − G_j} = Λ_i · e^{−G_j} with
+    e^{−G_j} ≤ e^60, so each score matrix is one plain matmul, (a ⊙ Λ)(b ⊙ e^{−G})ᵀ, for either gate
+    shape (chapter 11's split; the gates of trained models stay far inside the bound)."""
+
+    def __init__(self, lam, inv, gam):
+        self.lam, self.inv, self.gam = lam, inv, gam                   # [.., C, K or 1] ×2, [.., K or 1]
+        self._made = {}
+
+    def _side(self, x, e):
+        """x ⊙ e, made once per operand: the keys meet Λ and e^{−G} in Aqk, Akk and W."""
+        key = (id(x), id(e))
+        if key not in self._made:
+            self._made[key] = (x, x * e)                               # x kept: its id stays unique
+        return self._made[key][1]
+
+    def decays(self):
+        return self.lam, self.inv * self.gam[..., None, :], self.gam  # Γ = e^{G_C − G} = e^{−G} γ
+
+    def decayed(self, x):
+        """x ⊙ Λ, shared with the score matrices."""
+        return self._side(x, self.lam)
+
+    def scores(self, a, b, *, strict):
+        C = a.shape[-2]
+        P = self._side(a, self.lam) @ self._side(b, self.inv).transpose(-1, -2)
+        return P.mul_(causal_mask(C, strict, P.dtype, P.device))
+
+    def grad(self, M, a, b):
+        """(da, db) of Σ_ij M_ij P_ij: da = (M (b ⊙ e^{−G})) ⊙ Λ, db = (Mᵀ (a ⊙ Λ)) ⊙ e^{−G}."""
+        return ((M @ self._side(b, self.inv)).mul_(self.lam),
+                (M.transpose(-1, -2) @ self._side(a, self.lam)).mul_(self.inv))
+
+
+@functools.lru_cache(maxsize=64)
+def causal_mask(C, strict, dtype, device):
+    """[C, C]: 1 on and below the diagonal (strict: below it only), 0 above. Made once, read often."""
+    return torch.ones(C, C, dtype=dtype, device=device).tril(-1 if strict else 0)
 
 
 class HeadGates:
@@ -168,7 +231,7 @@ class HeadGates:
 
 
 SUB = 16              # sub-chunk size for per-dimension gates (the largest divisor of C up to this)
-DIAG_DOT_RANGE = 60.0  # a diagonal block whose gates decay by more goes column by column (e^60 ≪ 3e38)
+DIAG_DOT_RANGE = decay.SPLIT_RANGE  # a diagonal block decaying by more goes column by column
 
 
 class SubChunkGates:
@@ -292,47 +355,64 @@ class SubChunkGates:
         return da.flatten(-3, -2), db.flatten(-3, -2)
 
 
-def unit_lower_inverse(A, block=SUB):
-    """(I + A)⁻¹ for strictly lower-triangular A [.., C, C]: blocked forward substitution.
+def unit_lower_inverse(A):
+    """(I + A)⁻¹ for strictly lower-triangular A [.., C, C], by joining halves.
 
-    Row i of X = (I + A)⁻¹ solves X_i = e_i − Σ_{j<i} A_ij X_j; X is unit lower-triangular too.
-    The diagonal blocks of `block` rows are inverted that way, row by row; then, block row after
-    block row, X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for all j < i at once: two matmuls for block
-    row i, (A_i,<r X_<r) with the r rows above it, then X_ii times that. Out of place (rows are
-    collected and concatenated), so autograd can differentiate it.
+    A unit lower-triangular L = [[L11, 0], [L21, L22]] has the inverse [[X11, 0], [X21, X22]] with
+    X11 = L11⁻¹, X22 = L22⁻¹ and X21 = −X22 L21 X11 (multiply it out: L21 X11 + L22 X21 = 0).
+    Start from single tokens (X = I) and join neighbouring blocks level by level, s = 1, 2, 4, …:
+    log₂ C levels of batched matmuls in place of C − 1 row steps of forward substitution. C is
+    padded to a power of two with I.
+
+    Inside the diagonal blocks of JOIN tokens, a level's joins are one product of whole blocks,
+    X ← X − X (A ⊙ M_s) X, M_s selecting the level's lower-left s × s blocks (then X (A ⊙ M_s) X
+    holds exactly the blocks X22 L21 X11): a few products of JOIN × JOIN blocks instead of
+    thousands of tiny ones, as chapter 11's kernel does in registers. The joined blocks are
+    written into views of a fresh X, which autograd records: the inverse can be differentiated.
     """
     C = A.shape[-1]
-    nb = -(-C // block)
-    if nb == 1:
-        return _substitute(A)
-    pad = nb * block - C                                               # I + 0 on the padding
-    A = torch.nn.functional.pad(A, (0, pad, 0, pad))
-    blocks = A.unflatten(-2, (nb, block))                              # [.., nb, b, nb·b]
-    D = _substitute(torch.stack([blocks[..., i, :, i * block:(i + 1) * block] for i in range(nb)], -3))
-    rows = []                                                          # block rows of X, [.., b, nb·b]
-    for i in range(nb):
-        r = i * block
-        parts = [D[..., i, :, :], A.new_zeros(A.shape[:-2] + (block, (nb - i - 1) * block))]
-        if i:
-            above = torch.cat(rows, -2)[..., :r]                       # X_<r [.., r, r]
-            parts.insert(0, -D[..., i, :, :] @ (blocks[..., i, :, :r] @ above))
-        rows.append(torch.cat(parts, -1))
-    return torch.cat(rows, -2)[..., :C, :C]
+    C2 = 1 << (C - 1).bit_length()
+    if C2 != C:                                                        # I + 0 on the padding
+        A = torch.nn.functional.pad(A, (0, C2 - C, 0, C2 - C))
+    c = min(JOIN, C2)
+    masks = _join_masks(c, A.dtype, A.device)                          # [c, c] per level s < c
+    Ad = _diagonal_blocks(A, c).contiguous()                           # [.., C2/c, c, c]
+    Xd = torch.eye(c, dtype=A.dtype, device=A.device) - Ad * masks[0]  # level 1: X21 = −L21
+    for M in masks[1:]:
+        Xd = Xd - Xd @ (Ad * M) @ Xd                                   # [.., C2/c, c, c]
+    X = torch.zeros_like(A)                                            # [.., C2, C2]
+    _diagonal_blocks(X, c).copy_(Xd)
+    s = c
+    while s < C2:                                                      # join whole blocks
+        # copies of the blocks read (a matmul would copy these strided views anyway): what
+        # autograd saves must not change when X is written
+        X11, X22 = _blocks(X, s, 0, 0).contiguous(), _blocks(X, s, 1, 1).contiguous()
+        _blocks(X, s).copy_(-(X22 @ (_blocks(A, s) @ X11)))            # [.., C2/2s, s, s]
+        s *= 2
+    return X[..., :C, :C]
 
 
-def _substitute(A):
-    """(I + A)⁻¹ row by row for a small strictly lower-triangular A [.., c, c].
+JOIN = 16   # below this block size the joins are whole-block products (`unit_lower_inverse`)
 
-    Row i is e_i minus a weighted sum of the rows above, written as products and a sum: as a
-    batched (1 × i)(i × c) matmul it would cost more in per-matrix overhead than in arithmetic.
-    """
-    C = A.shape[-1]
-    eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape)
-    rows = [eye[..., 0, :]]                                            # [.., C] each
-    for i in range(1, C):
-        above = torch.stack(rows, -2)                                  # [.., i, C]
-        rows.append(eye[..., i, :] - (A[..., i, :i, None] * above).sum(-2))
-    return torch.stack(rows, -2)
+
+def _diagonal_blocks(A, c):
+    """A view [.., C/c, c, c] of the c × c blocks on the diagonal of A [.., C, C]."""
+    n = A.shape[-1] // c
+    return A.unflatten(-1, (n, c)).unflatten(-3, (n, c)).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+@functools.lru_cache(maxsize=32)
+def _join_masks(c, dtype, device):
+    """M_s [c, c] for s = 1, 2, …, c/2: 1 on the lower-left s × s block of each 2s × 2s diagonal block.
+    Cached: made once per size, dtype and device, read by every call."""
+    i = torch.arange(c, device=device)
+    out, s = [], 1
+    while s < c:
+        pair = (i[:, None] // (2 * s)) == (i[None, :] // (2 * s))
+        lower_left = ((i[:, None] // s) % 2 == 1) & ((i[None, :] // s) % 2 == 0)
+        out.append((pair & lower_left).to(dtype))
+        s *= 2
+    return out or [torch.zeros(c, c, dtype=dtype, device=device)]
 
 
 # ---------------------------------------------------------------- the per-chunk factors
@@ -363,7 +443,7 @@ def chunk_factors(q, k, v, g, beta, d, C, *, delta):
     q, k, v_ = (to_chunks(x.to(d.acc), C) for x in (q, k, v))        # [B, H, N, C, *]
     geo = gate_geometry(None if g is None else chunk_gates(g, d, C, q.device))
     Lam, Gam, gam = geo.decays()                                       # e^{G_i}, e^{G_C − G_i}, e^{G_C}
-    Qg, Kdec = decayed(q, Lam), decayed(k, Gam)                        # [B, H, N, C, K]
+    Qg, Kdec = decayed(q, Lam, geo), decayed(k, Gam)                   # [B, H, N, C, K]
     shape = (d.B, d.H, q.shape[2], d.K, 1)
     last = q.new_ones(shape) if gam is None else gam[..., None].expand(shape)  # [B, H, N, K, 1]
     Aqk = geo.scores(q, k, strict=False)                               # [B, H, N, C, C]
@@ -373,8 +453,10 @@ def chunk_factors(q, k, v, g, beta, d, C, *, delta):
     return Factors(Qg, Kdec, last, Aqk, U, W), Akk, Tinv
 
 
-def decayed(x, e):
-    """x ⊙ e, where e = None means no decay."""
+def decayed(x, e, geo=None):
+    """x ⊙ e, where e = None means no decay; x ⊙ Λ from the gate geometry when it keeps one."""
+    if isinstance(geo, SplitGates) and e is geo.lam:
+        return geo.decayed(x)
     return x if e is None else x * e
 
 
@@ -394,15 +476,7 @@ def _wy(geo, k, v, Lam, b):
     Akk = geo.scores(k, k, strict=True)                                # [.., C, C]
     Tinv = unit_lower_inverse(b * Akk)
     Tb = Tinv * b.transpose(-1, -2)                                    # T diag(β): β_j on column j
-    return Tb @ v, Tb @ decayed(k, Lam), Akk, Tinv
-
-
-def state_pass(f: Factors, d, S, output_final_state, out_dtype):
-    """Walk the chunks in order: residuals from the entering state, outputs, next state."""
-    Sin, S, Vt = entering_states(f, S)                                 # [B, H, N, K, V]
-    o = outputs.empty((d.B, d.T, d.H, d.V), dtype=out_dtype, device=f.Qg.device)
-    write_outputs(o, f, Sin, Vt, d.scale)
-    return o, (S if output_final_state else None)
+    return Tb @ v, Tb @ decayed(k, Lam, geo), Akk, Tinv
 
 
 def entering_states(f: Factors, S):

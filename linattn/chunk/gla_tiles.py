@@ -116,11 +116,12 @@ def _half(x, s, which):
     return x.unflatten(-2, (-1, 2, s))[..., which, :, :]
 
 
-def _blocks(P, s):
-    """A view [..., C/2s, s, s] of the lower-left s × s block of each 2s × 2s diagonal block of P."""
+def _blocks(P, s, row=1, col=0):
+    """A view [..., C/2s, s, s] of one s × s block (row, col ∈ {0, 1}) of each 2s × 2s diagonal
+    block of P; by default the lower-left one."""
     n = P.shape[-1] // (2 * s)
     v = P.unflatten(-1, (n, 2, s)).unflatten(-4, (n, 2, s))           # [..., n, 2, s, n, 2, s]
-    return v.diagonal(dim1=-6, dim2=-3)[..., 1, :, 0, :, :].movedim(-1, -3)
+    return v.diagonal(dim1=-6, dim2=-3)[..., row, :, col, :, :].movedim(-1, -3)
 
 
 def _dot(a, b, mm):
