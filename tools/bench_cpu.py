@@ -15,7 +15,8 @@ DeltaNet = KDA with per-head gates, KDA), B=1, H=4, K=V=64, float32, it prints a
       (target: recompute's peak ≤ 1.3×). "held" is what the forward leaves for the backward.
 
 Times are the fastest of --reps linattn.bench.timeit runs (wall clock on a CPU) after one warm-up
-run; a call slower than --slow-ms is timed once. The load average is printed and recorded: on a
+run; in (a) the token loop and the chunk level run in turns, so that a machine whose speed drifts
+affects both alike; elsewhere a call slower than --slow-ms is timed once. --forward-only: (a) alone. The load average is printed and recorded: on a
 machine shared with other work, times are upper bounds. A benchmark, not a test: nothing is asserted.
 """
 from __future__ import annotations
@@ -50,6 +51,17 @@ def time_ms(fn, reps, slow_ms):
     return first if first > slow_ms else min(bench.timeit(fn, warmup=0, rep=1) for _ in range(reps))
 
 
+def time_pair_ms(f, g, reps):
+    """Fastest of `reps` runs of f and of g, taken in turns after a warm-up of each: on a shared
+    machine whose speed drifts, both then see the same spells of fast and slow."""
+    f(), g()
+    tf, tg = [], []
+    for _ in range(reps):
+        tf.append(bench.timeit(f, warmup=0, rep=1))
+        tg.append(bench.timeit(g, warmup=0, rep=1))
+    return min(tf), min(tg)
+
+
 def inputs(op, T, B, H, K, V):
     fn, gate = OPS[op]
     args = testing.make_inputs(fn, B=B, T=T, H=H, K=K, V=V, gate=gate or "per_dim", seed=0)
@@ -77,8 +89,11 @@ def bench_op(op, a):
     do = torch.randn(a.B, a.T, a.H, a.V)
     r = {"op": op}
     with torch.no_grad():
-        r["naive_fwd_ms"] = time_ms(lambda: naive_fn(**args), a.reps, a.slow_ms)
-        r["chunk_fwd_ms"] = time_ms(lambda: chunk_fn(**args), a.reps, a.slow_ms)
+        r["naive_fwd_ms"], r["chunk_fwd_ms"] = time_pair_ms(lambda: naive_fn(**args),
+                                                            lambda: chunk_fn(**args), a.reps)
+    r["fwd_speedup"] = r["naive_fwd_ms"] / r["chunk_fwd_ms"]
+    if a.forward_only:
+        return r
     step, _ = forward_backward(chunk_fn, args, do)
     r["chunk_fwdbwd_ms"] = time_ms(step, a.reps, a.slow_ms)
     step, _ = forward_backward(chunk_fn, args, do, recompute=False)
@@ -92,7 +107,6 @@ def bench_op(op, a):
         step, leaves = forward_backward(chunk_fn, args, do, recompute=rc)
         r[f"{mode}_peak_bytes"] = bench.memory_use(step)[0]
         r[f"{mode}_held_bytes"] = bench.memory_use(lambda: chunk_fn(**leaves, recompute=rc))[1]
-    r["fwd_speedup"] = r["naive_fwd_ms"] / r["chunk_fwd_ms"]
     r["bwd_over_fwd"] = r["chunk_fwdbwd_ms"] / r["chunk_fwd_ms"]
     if "naive_fwdbwd_ms" in r:
         r["bwd_speedup"] = r["naive_fwdbwd_ms"] / r["chunk_fwdbwd_ms"]
@@ -116,6 +130,8 @@ def tables(rows):
     for r in rows:
         print(f"{r['op']:>17} {r['naive_fwd_ms']:>9.1f} {r['chunk_fwd_ms']:>9.1f} "
               f"{verdict('fwd_speedup', r['fwd_speedup']):>9}")
+    if "bwd_over_fwd" not in rows[0]:
+        return
     print(f"\n(b) forward + backward, ms: chunk (recompute / materialise) vs chunk forward (target ≤ "
           f"{TARGETS['bwd_over_fwd']:.0f}×) and vs autograd through the token loop (target ≥ "
           f"{TARGETS['bwd_speedup']:.0f}×)")
@@ -145,6 +161,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--slow-ms", type=float, default=2000.0, help="time calls slower than this once")
     p.add_argument("--skip-naive-backward", action="store_true", help="leave out autograd through the loop")
+    p.add_argument("--forward-only", action="store_true", help="only (a): the forward speed-ups")
     p.add_argument("--out", default=None, help="JSON file to write (e.g. book/data/cpu_bench.json)")
     a = p.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
