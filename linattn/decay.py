@@ -53,10 +53,13 @@ def chunked(x: torch.Tensor, C: int, value: float = 0.0) -> torch.Tensor:
     return x.reshape(B, H, N, C, *x.shape[3:])
 
 
-def group_size(B: int, H: int, C: int, width: int) -> int:
-    """Chunks per group for the chunk level's CPU loop: about 2^17 numbers (512 KB in float32) per
+def group_size(B: int, H: int, C: int, width: int, device: torch.device) -> int:
+    """Chunks per group for the chunk level: on a CPU about 2^17 numbers (512 KB in float32) per
     [B, H, chunks, C, width] tensor, so that a group's matmuls and elementwise passes run from the
-    CPU's cache; measured fastest among 4, 8, 16 and all 64 chunks of B = 1, H = 4, C = K = V = 64."""
+    cache (measured fastest among 4, 8, 16 and all 64 chunks at B = 1, H = 4, C = K = V = 64); on
+    a GPU all chunks at once (every group is more kernel launches)."""
+    if device.type != "cpu":
+        return 1 << 62
     return max(1, (1 << 17) // (B * H * C * width))
 
 

@@ -95,7 +95,7 @@ def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
     # state carried from one to the next: the same numbers as all chunks in one batch.
     S = initial(initial_state, d, q.device)                            # [B, H, K, V]
     o = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=q.device)
-    span = C * decay.group_size(d.B, d.H, C, max(d.K, d.V))
+    span = C * decay.group_size(d.B, d.H, C, max(d.K, d.V), q.device)
     for t in (slice(s, min(s + span, d.T)) for s in range(0, d.T, span)):
         part = (lambda x: None if x is None else x[:, t])
         f = factors(*map(part, (q, k, v, g, beta)), replace(d, T=t.stop - t.start), C, delta=True)

@@ -85,7 +85,7 @@ def forward(q, k, v, g, initial_state, plan, keep_states=True):
     matmuls run from the CPU's cache), the state carried from group to group exactly as from chunk
     to chunk; every chunk computes what it would in one batch of all chunks."""
     d, C = plan.d, plan.C
-    N, G = -(-d.T // C), decay.group_size(d.B, d.H, C, max(d.K, d.V))
+    N, G = -(-d.T // C), decay.group_size(d.B, d.H, C, max(d.K, d.V), q.device)
     S = initial(initial_state, d, q.device)                           # [B, H, K, V]
     out = outputs.empty((d.B, d.T, d.H, d.V), dtype=v.dtype, device=q.device)
     Sin = q.new_empty((d.B, d.H, N, d.K, d.V), dtype=d.acc) if keep_states else None
