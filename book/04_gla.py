@@ -241,9 +241,9 @@ for C in (16, 64, T):
 # %% [markdown]
 # Exact for every chunk size (to float64 rounding), including $C = T$ (one chunk: the parallel
 # form) and chunk sizes that do not divide $T$. The library's `linattn.chunk.gla` is this
-# algorithm for `[B, T, H, K]` tensors, with all chunks' intra parts computed at once and the
-# intra-chunk matrix built by secondary chunking (chapter 05). The same check in float32 with
-# strong gates — where the whole-sequence parallel form lost digits — now against the library:
+# algorithm for `[B, T, H, K]` tensors, with the intra parts of a group of chunks computed at once
+# and the intra-chunk matrix built by secondary chunking (chapter 05). The same check in float32
+# with strong gates — where the whole-sequence parallel form lost digits — now against the library:
 
 # %%
 a = testing.make_inputs("gla", B=2, T=pick(cpu=400, gpu=4096) + 5, H=2, K=32, V=16,

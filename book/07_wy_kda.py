@@ -133,9 +133,7 @@ assert testing.rel_err(Vt_system, Vt_tokens) < 1e-13
 # $L = I + A$ is **unit lower triangular**, and so is its inverse. Three ways to get $T = L^{-1}$:
 #
 # * **Forward substitution**, row by row from $LT = I$: $T_i = e_i - \sum_{j<i} A_{ij} T_j$ —
-#   $C - 1$ steps, each a (row × block) product. `linattn.chunk.delta.unit_lower_inverse` does the
-#   same in blocks: rows within each $16\times16$ diagonal block, then whole block rows at once
-#   (matrix products instead of $C-1$ thin steps).
+#   $C - 1$ steps, each a (row × block) product.
 # * **Neumann series**: $A$ is nilpotent ($A^C = 0$: each power pushes the entries one diagonal
 #   further down), so $(I + A)^{-1} = I - A + A^2 - \dots + (-A)^{C-1}$ exactly — $C - 2$ matrix
 #   products.
@@ -143,8 +141,24 @@ assert testing.rel_err(Vt_system, Vt_tokens) < 1e-13
 #   $(I - A)(I + A^2)(I + A^4)\cdots(I + A^{2^{m-1}})$ with $2^m \ge C$ — about $2\log_2 C$ products,
 #   all full $C\times C$ matmuls, which is what tensor cores like (chapter 11 builds a block
 #   version of this idea).
+# * **Joining halves**: split $L = \begin{pmatrix} L_{11} & 0 \\ L_{21} & L_{22}\end{pmatrix}$; then
+#   $L^{-1} = \begin{pmatrix} X_{11} & 0 \\ -X_{22} L_{21} X_{11} & X_{22}\end{pmatrix}$ with
+#   $X_{11} = L_{11}^{-1}$, $X_{22} = L_{22}^{-1}$ (multiply it out). Start from single tokens and
+#   join neighbouring blocks, $1 \to 2 \to 4 \to \dots \to C$: $\log_2 C$ levels, each a batch of
+#   small matmuls over all blocks of the level. This is `linattn.chunk.delta.unit_lower_inverse`
+#   (inside blocks of 16 it does a level's joins as one product of whole 16×16 blocks, as
+#   chapter 11's kernel does in registers).
 
 # %%
+def forward_substitution(A):
+    """(I + A)⁻¹ row by row: T_i = e_i − Σ_{j<i} A_ij T_j; C − 1 steps."""
+    C = A.shape[-1]
+    rows = [torch.eye(C, dtype=A.dtype)[0]]
+    for i in range(1, C):
+        rows.append(torch.eye(C, dtype=A.dtype)[i] - A[i, :i] @ torch.stack(rows))
+    return torch.stack(rows)
+
+
 def neumann(A):
     """(I + A)⁻¹ = Σ (−A)^n, n < C; returns (inverse, matrix products used)."""
     C = A.shape[-1]
@@ -173,10 +187,13 @@ def doubling(A):
 
 exact = torch.linalg.solve_triangular(torch.eye(C, dtype=torch.float64) + A,
                                       torch.eye(C, dtype=torch.float64), upper=False)
-for name, X, n in [("forward substitution", unit_lower_inverse(A), C - 1),
-                   ("Neumann series", *neumann(A)), ("doubling", *doubling(A))]:
+levels = math.ceil(math.log2(C))
+for name, X, n, unit in [("forward substitution", forward_substitution(A), C - 1, "row steps"),
+                         ("Neumann series", *neumann(A), "matrix products"),
+                         ("doubling", *doubling(A), "matrix products"),
+                         ("joining halves", unit_lower_inverse(A), levels, "levels of joins")]:
     err = testing.rel_err(X, exact)
-    print(f"{name:22s} error {err:.1e}   ({n} {'row steps' if name.startswith('forward') else 'matrix products'})")
+    print(f"{name:22s} error {err:.1e}   ({n} {unit})")
     assert err < 1e-12
 
 # %% [markdown]
@@ -194,6 +211,7 @@ plt.figure(figsize=(6, 3.2))
 plt.plot(Cs, [c - 1 for c in Cs], "o-", label="forward substitution: C − 1 sequential row steps")
 plt.plot(Cs, counts["Neumann"], "s-", label="Neumann series: C − 2 C×C products")
 plt.plot(Cs, counts["doubling"], "^-", label="doubling: ≈ 2 log₂ C C×C products")
+plt.plot(Cs, [math.log2(c) for c in Cs], "d-", label="joining halves: log₂ C levels of small products")
 plt.xscale("log", base=2); plt.yscale("log"); plt.xticks(Cs, [str(c) for c in Cs]); plt.minorticks_off()
 plt.xlabel("chunk size C (tokens)"); plt.ylabel("sequential steps (log scale)")
 plt.title("inverting (I + A): steps that must run one after another")
@@ -323,19 +341,30 @@ print(f"spectral radius of M: {ev:.3f} (≤ 1: the chunk never amplifies the sta
 assert ev <= 1 + 1e-9
 
 # %% [markdown]
-# ## 7. Chunkwise KDA, all chunks at once
+# ## 7. Chunkwise KDA, many chunks at once
 #
 # `linattn.chunk.kda` (and `chunk.delta_rule`, the same code with $G = 0$) does exactly this:
 #
 # 1. pad $T$ to whole chunks with identity tokens ($k = v = q = 0$, $\beta = 0$, $g = 0$: no write, no
 #    decay), reshape to `[B, H, N, C, …]`;
-# 2. for **all chunks in parallel**: $A$, $T = (I + A)^{-1}$, $U$, $W$, $Q\odot e^G$, $A_{qk}$,
+# 2. for **many chunks in parallel**: $A$, $T = (I + A)^{-1}$, $U$, $W$, $Q\odot e^G$, $A_{qk}$,
 #    $K_{\text{dec}}$, $e^{G_C}$;
-# 3. one sequential pass over the chunks: $\tilde V = U - WS$, $O = \text{scale}((Q\odot e^G)S + A_{qk}\tilde V)$,
+# 3. one sequential pass over those chunks: $\tilde V = U - WS$, $O = \text{scale}((Q\odot e^G)S + A_{qk}\tilde V)$,
 #    $S \leftarrow e^{G_C}\odot S + K_{\text{dec}}^\top\tilde V$.
 #
-# Only step 3 is sequential, and it is $N = T/C$ steps of small matmuls. Check against the
-# float64 recurrence, for KDA, Gated DeltaNet, strong decays and bfloat16:
+# Only step 3 is sequential, and it is $N = T/C$ steps of small matmuls. Nothing in step 2 depends
+# on another chunk, so the chunks may be taken in any batches: the library takes them in groups
+# of a few hundred KB per tensor (`linattn.decay.group_size`: 8 chunks at $B = 1$, $H = 4$,
+# $C = K = V = 64$) and hands the state from one group to the next, because on a CPU a group's
+# matmuls and elementwise passes then run from the cache (a GPU takes all chunks at once).
+#
+# The decays in step 2 take a shortcut where it is safe: if every chunk of a group decays by less
+# than $e^{60}$ in every key dimension — always, for gates like a trained model's —
+# $e^{G_i - G_j} = e^{G_i}\cdot e^{-G_j}$ with both factors inside float32's range, so $A$ and
+# $A_{qk}$ are plain matmuls of $K\odot e^{G}$ or $Q\odot e^{G}$ with $K\odot e^{-G}$. Chapter 11
+# builds its kernel on the same split and measures its cost in precision; stronger gates take
+# §5's route, every exponent $\le 0$. The check below runs both (the strong row past the bound).
+# Check against the float64 recurrence, for KDA, Gated DeltaNet, strong decays and bfloat16:
 
 # %%
 T_ = pick(cpu=300, gpu=4096)
