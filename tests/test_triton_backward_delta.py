@@ -114,6 +114,20 @@ def test_strong_gates_and_large_beta(gate, chunk):
     assert_close(got, ref, GRAD_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("per_token", [-0.92, -0.97])
+def test_split_bound(per_token, dtype):
+    # every key dim decaying by 58.9 over a chunk of 64 (the split score terms, factors up to
+    # e^{58.9}) or by 62.1 (past the bound: the column walks); one chunk of each kind per head
+    a = inputs("kda", "per_dim", 1, 128, 2, 32, 32, dtype)
+    a["g"] = torch.full_like(a["g"], per_token)
+    a["g"][:, 64:] *= -0.97 / per_token
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    got, _ = ours("kda", a, dO, dS, chunk_size=64)
+    assert_close(got, ref, GRAD_TOL[dtype])
+
+
 @pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_dim")])
 def test_recompute_or_keep(op, gate):
     # recompute=False hands the forward's stage-1/2 tensors to the backward; the kernels are the

@@ -16,14 +16,16 @@ G_i with i ≥ t and the chunk total G_C, gets dg_t = Σ_{i ≥ t} dG_i + dG_C.
 
 The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a [C, C] matrix M:
 - no gate or one gate per head: E is a [C, C] matrix, so they are plain dots of M ⊙ E;
-- per-dimension gates: E has a third axis, and e^{G_i − G_j} split at a reference token has one
-  factor ≥ 1 (overflow with log-gates of −20 per token). The row sums walk the columns j = C−1 … 0
-  and keep the column E_{·j} for all rows: from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, so
-  no exponent is ever positive and no prefix sums are subtracted (the forward's `_diag_walk`,
-  for the whole chunk); the column sums walk the rows the same way, each row adding a rank-one
-  tile (no sums across rows inside the loop). O(C² K) work on the FMA units per chunk, no tensor
-  cores: correct for any gates; a split fast path like the forward's `_kda_split_kernel` is what
-  is left to speed it up.
+- per-dimension gates: E has a third axis. Where the chunk's gates decay by less than
+  e^{DIAG_DOT_RANGE} in every key dim of the program (the forward's split, `_kda_split_kernel`),
+  E_ijd = e^{G_id} · e^{−G_jd} with both factors in range, so each sum is one tensor-core product:
+  Σ_j M_ij E_ij k_j = e^{G_i} ⊙ (M (K ⊙ e^{−G}))_i and Σ_i M_ij E_ij q_i = e^{−G_j} ⊙ (Mᵀ (Q ⊙ e^G))_j
+  (`_split_terms`; operands in bf16 for bf16/fp16 inputs, whose range fp16 lacks). Past the bound
+  (log-gates of −20 per token) a factor would overflow, and `_columns` keeps every exponent ≤ 0:
+  the row sums walk the columns j = C−1 … 0 and keep the column E_{·j} for all rows (from j + 1 to
+  j it multiplies by e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's `_diag_walk`, for
+  the whole chunk); the column sums walk the rows the same way, each row adding a rank-one tile.
+  O(C² K) work on the FMA units per chunk: correct for any gates, and much slower.
 
 One program per (K-block, chunk, head): everything is independent across key dimensions except
 the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
@@ -37,6 +39,7 @@ import triton.language as tl
 
 from .. import outputs
 from .common import dot, interpreting, launch
+from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
     """float32 tiles natively: tf32x3 products (see `mm`)."""
@@ -79,7 +82,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), num_warps=TUNING["warps"])
+        X3=precise(p), **split_dtype(p), num_warps=TUNING["warps"])
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
@@ -88,7 +91,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
 @triton.jit
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr):
     ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     jc = tl.arange(0, C)
@@ -112,7 +115,8 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     if GATE == 2:
         gt = tl.load(g + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
         gsh = tl.load(g + offk + H * K, mask=nxt[:, None] & (dk_[None, :] < K), other=0.0).to(tl.float32)
-        eG = tl.exp(tl.cumsum(gt, axis=0))
+        G = tl.cumsum(gt, axis=0)                                                 # [C, BK] ≤ 0
+        eG = tl.exp(G)
         tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))
         GC = tl.sum(gt, axis=0)                                                   # [BK]
     elif GATE == 1:
@@ -128,15 +132,16 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         GC = tl.zeros((BK,), dtype=tl.float32)
     # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
     # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
+    offc = r0 * C + row[:, None] * C + jc[None, :]                                # [C, C]
     if GATE == 2:
-        Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C, daqk + r0 * C,
-                               scale, n, T, H, K, C, BK, dk_)
+        if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
+            Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
+            Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, X3)
+        else:
+            Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
+                                   daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
     else:
-        offc = r0 * C + row[:, None] * C + jc[None, :]                            # [C, C]
-        Mq = tl.load(daqk + offc, mask=tm[:, None], other=0.0)
-        Ma = tl.load(da + offc, mask=tm[:, None], other=0.0)
-        Mq = tl.where(jc[:, None] >= jc[None, :], Mq, 0.0) * scale
-        Ma = tl.where(jc[:, None] > jc[None, :], Ma, 0.0)
+        Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
         if GATE == 1:
             E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # [C, C] ≤ 1
             Mq, Ma = Mq * E, Ma * E
@@ -165,6 +170,30 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         else:
             dg1 = tl.sum(tl.where(mk, dgt, 0.0), axis=1)                          # [C]
             tl.store(dg + part + r0 + row, dg1, mask=tm)
+
+
+@triton.jit
+def _score_grads(da, daqk, offc, tm, jc, scale):
+    """scale · dAqk on and below the diagonal and dA below it, [C, C] each, 0 elsewhere."""
+    Mq = tl.load(daqk + offc, mask=tm[:, None], other=0.0)
+    Ma = tl.load(da + offc, mask=tm[:, None], other=0.0)
+    return tl.where(jc[:, None] >= jc[None, :], Mq, 0.0) * scale, tl.where(jc[:, None] > jc[None, :], Ma, 0.0)
+
+
+@triton.jit
+def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+    """The four score terms of a chunk whose gates decay by less than e^{DIAG_DOT_RANGE}:
+    E_ij = e^{G_i} e^{−G_j}, so Z = e^G ⊙ Mq (K ⊙ e^{−G}), X = e^G ⊙ Ma (K ⊙ e^{−G}),
+    Zt = e^{−G} ⊙ Mqᵀ (Q ⊙ e^G), Y = e^{−G} ⊙ (diag(β) Ma)ᵀ (K ⊙ e^G): [C, BK] each, four products
+    with operands in SDT. e^{−G} is capped at e^{DIAG_DOT_RANGE}, which the bound never reaches."""
+    eG = tl.exp(G)
+    einv = tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))                                 # ≤ e^60
+    Ki = kt * einv
+    Z = eG * mm(Mq, Ki, SDT, IEEE, X3)
+    X = eG * mm(Ma, Ki, SDT, IEEE, X3)
+    Zt = einv * mm(tl.trans(Mq), qt * eG, SDT, IEEE, X3)
+    Y = einv * mm(tl.trans(Ma * bt[:, None]), kt * eG, SDT, IEEE, X3)
+    return Z, Zt, X, Y
 
 
 @triton.jit
