@@ -479,14 +479,17 @@ else:
     print(train_table(rec))
 
 # %% [markdown]
-# Read it by family. Linear attention and GLA with per-dimension gates train within a few tens of
-# percent of FLA at every length; GLA's forward + backward costs the same at 1k as at 16k tokens
-# per sequence (the work per token is fixed), while SDPA's grows with $T$, so the lines cross
-# between 4k and 8k. GLA holds less memory than FLA's; linear attention a little more. The delta
-# rules are further behind (the backward stages of §7 show where: for KDA the per-dimension
-# gate stage, step 4 of §9, is most of the time — its diagonal terms walk all 64 columns of the
-# chunk on the FMA units, where FLA splits the chunk into 16-wide blocks and uses the tensor cores
-# off the diagonal, as our GLA kernels do).
+# Read it by family. GLA with per-dimension gates trains at FLA's speed and KDA faster than FLA at
+# every length; linear attention and DeltaNet take longer (the stages of §7 show where: for
+# DeltaNet the per-chunk gradients through the WY transform and the reverse pass). GLA's
+# forward + backward costs about the same at 1k as at 16k tokens per sequence (the work per token
+# is fixed), while SDPA's grows with $T$, so the lines cross between 4k and 8k. GLA and KDA hold
+# less memory than FLA's; linear attention a little more, DeltaNet more still (it keeps the
+# chunks' C×C matrices for the backward, as the table's memory columns show). KDA's gate stage
+# (step 4 of §9) is where its per-dimension gates cost most: it takes the forward's split, so its
+# sums over a chunk are tensor-core products wherever the chunk's gates decay by less than
+# $e^{60}$ — always, for these gates — and walks the chunk one gate factor at a time only past
+# that bound.
 
 # %% [markdown]
 # ## 9. The delta rules
@@ -509,9 +512,13 @@ else:
 #    $\mathcal T = (I+A)^{-1}$: for $X = \mathcal T Y$, $dY = \mathcal T^\top dX$ and
 #    $dA = -(\mathcal T^\top dX)\,X^\top$ on the strict lower triangle (chapter 12, §6).
 # 4. **The chain rule through the decayed scores and gates** (`wy_backward.gate_stage`, a program
-#    per K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$, with exponents $\le 0$ as in
-#    the forward and the per-dimension gates' decay tiles built one factor at a time (walking the
-#    columns for the row sums, the rows for the column sums).
+#    per K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$. For per-dimension gates the sums
+#    over the chunk, $\sum_j M_{ij}\,e^{G_i - G_j} \odot k_j$ and its transpose, take the forward's
+#    split (chapter 11): where the chunk's gates decay by less than $e^{60}$ in every key dimension
+#    of the program, $e^{G_i - G_j} = e^{G_i}\cdot e^{-G_j}$ and each sum is one tensor-core
+#    product, $e^{G}\odot M\,(K\odot e^{-G})$; past the bound every exponent stays $\le 0$ and the
+#    decay tiles are built one gate factor at a time (walking the columns for the row sums, the
+#    rows for the column sums).
 #
 # Their tests are in `tests/test_triton_backward_delta.py`; the training benchmark of §8 times
 # them beside FLA's `chunk_delta_rule`, `chunk_gated_delta_rule` and `chunk_kda`.
