@@ -172,31 +172,19 @@ class SplitGates:
 
     def __init__(self, lam, inv, gam):
         self.lam, self.inv, self.gam = lam, inv, gam                   # [.., C, K or 1] ×2, [.., K or 1]
-        self._made = {}
-
-    def _side(self, x, e):
-        """x ⊙ e, made once per operand: the keys meet Λ and e^{−G} in Aqk, Akk and W."""
-        key = (id(x), id(e))
-        if key not in self._made:
-            self._made[key] = (x, x * e)                               # x kept: its id stays unique
-        return self._made[key][1]
 
     def decays(self):
         return self.lam, self.inv * self.gam[..., None, :], self.gam  # Γ = e^{G_C − G} = e^{−G} γ
 
-    def decayed(self, x):
-        """x ⊙ Λ, shared with the score matrices."""
-        return self._side(x, self.lam)
-
     def scores(self, a, b, *, strict):
         C = a.shape[-2]
-        P = self._side(a, self.lam) @ self._side(b, self.inv).transpose(-1, -2)
+        P = (a * self.lam) @ (b * self.inv).transpose(-1, -2)
         return P.mul_(causal_mask(C, strict, P.dtype, P.device))
 
     def grad(self, M, a, b):
         """(da, db) of Σ_ij M_ij P_ij: da = (M (b ⊙ e^{−G})) ⊙ Λ, db = (Mᵀ (a ⊙ Λ)) ⊙ e^{−G}."""
-        return ((M @ self._side(b, self.inv)).mul_(self.lam),
-                (M.transpose(-1, -2) @ self._side(a, self.lam)).mul_(self.inv))
+        return ((M @ (b * self.inv)).mul_(self.lam),
+                (M.transpose(-1, -2) @ (a * self.lam)).mul_(self.inv))
 
 
 @functools.lru_cache(maxsize=64)
@@ -443,7 +431,7 @@ def chunk_factors(q, k, v, g, beta, d, C, *, delta):
     q, k, v_ = (to_chunks(x.to(d.acc), C) for x in (q, k, v))        # [B, H, N, C, *]
     geo = gate_geometry(None if g is None else chunk_gates(g, d, C, q.device))
     Lam, Gam, gam = geo.decays()                                       # e^{G_i}, e^{G_C − G_i}, e^{G_C}
-    Qg, Kdec = decayed(q, Lam, geo), decayed(k, Gam)                   # [B, H, N, C, K]
+    Qg, Kdec = decayed(q, Lam), decayed(k, Gam)                        # [B, H, N, C, K]
     shape = (d.B, d.H, q.shape[2], d.K, 1)
     last = q.new_ones(shape) if gam is None else gam[..., None].expand(shape)  # [B, H, N, K, 1]
     Aqk = geo.scores(q, k, strict=False)                               # [B, H, N, C, C]
@@ -453,10 +441,8 @@ def chunk_factors(q, k, v, g, beta, d, C, *, delta):
     return Factors(Qg, Kdec, last, Aqk, U, W), Akk, Tinv
 
 
-def decayed(x, e, geo=None):
-    """x ⊙ e, where e = None means no decay; x ⊙ Λ from the gate geometry when it keeps one."""
-    if isinstance(geo, SplitGates) and e is geo.lam:
-        return geo.decayed(x)
+def decayed(x, e):
+    """x ⊙ e, where e = None means no decay."""
     return x if e is None else x * e
 
 
@@ -476,7 +462,7 @@ def _wy(geo, k, v, Lam, b):
     Akk = geo.scores(k, k, strict=True)                                # [.., C, C]
     Tinv = unit_lower_inverse(b * Akk)
     Tb = Tinv * b.transpose(-1, -2)                                    # T diag(β): β_j on column j
-    return Tb @ v, Tb @ decayed(k, Lam, geo), Akk, Tinv
+    return Tb @ v, Tb @ decayed(k, Lam), Akk, Tinv
 
 
 def entering_states(f: Factors, S):
