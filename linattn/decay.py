@@ -25,6 +25,8 @@ stronger gates take the exact paths (segment sums, secondary chunking).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -128,6 +130,14 @@ def segment_sums(g: torch.Tensor) -> torch.Tensor:
     x = x.masked_fill(~strictly_below, 0).cumsum(-2)                   # Σ_{j < s ≤ i} g_s
     causal = torch.ones(L, L, dtype=torch.bool, device=g.device).tril()
     return x.masked_fill(~causal, float("-inf"))
+
+
+@functools.lru_cache(maxsize=64)
+def causal_mask(C: int, dtype: torch.dtype, device: torch.device, strict: bool = False) -> torch.Tensor:
+    """[C, C]: 1 on and below the diagonal (strict: below it only), 0 above, in dtype — the mask of
+    no decay. Cached, so a chunk loop reads one tensor instead of building it every group: do not
+    write into it."""
+    return torch.ones(C, C, dtype=dtype, device=device).tril(-1 if strict else 0)
 
 
 def decay_mask(g: torch.Tensor) -> torch.Tensor:

@@ -179,18 +179,12 @@ class SplitGates:
     def scores(self, a, b, *, strict):
         C = a.shape[-2]
         P = (a * self.lam) @ (b * self.inv).transpose(-1, -2)
-        return P.mul_(causal_mask(C, strict, P.dtype, P.device))
+        return P.mul_(decay.causal_mask(C, P.dtype, P.device, strict))
 
     def grad(self, M, a, b):
         """(da, db) of Σ_ij M_ij P_ij: da = (M (b ⊙ e^{−G})) ⊙ Λ, db = (Mᵀ (a ⊙ Λ)) ⊙ e^{−G}."""
         return ((M @ (b * self.inv)).mul_(self.lam),
                 (M.transpose(-1, -2) @ (a * self.lam)).mul_(self.inv))
-
-
-@functools.lru_cache(maxsize=64)
-def causal_mask(C, strict, dtype, device):
-    """[C, C]: 1 on and below the diagonal (strict: below it only), 0 above. Made once, read often."""
-    return torch.ones(C, C, dtype=dtype, device=device).tril(-1 if strict else 0)
 
 
 class HeadGates:

@@ -16,8 +16,9 @@ the decay factors out of the dot product, P = (Q Kᵀ) ⊙ D with the causal dec
 secondary chunking is needed (sub_chunk_size is then validated but unused).
 
 Where every chunk of a group decays by less than e^60 in every dimension (`decay.split`; always
-for the gates of trained models) either gate shape takes one shortcut: exp(b_i − b_j) = Λ_i e^{−b_j}
-with e^{−b_j} ≤ e^60, so P = (Q̂ ⊙ Λ)(K ⊙ e^{−b})ᵀ masked, one matmul, and K ⊙ Γ = (K ⊙ e^{−b}) γ.
+for the gates of trained models) either gate shape takes one shortcut: exp(b_i − b_j) =
+Λ_i e^{−b_j} with e^{−b_j} ≤ e^60, so P = (Q̂ ⊙ Λ)(K ⊙ e^{−b})ᵀ masked, one matmul, and
+K ⊙ Γ = (K ⊙ e^{−b}) γ.
 Chunks are taken in groups (`decay.group_size`) so that on a CPU a group's work runs from cache.
 
 `inter_dtype` is the dtype the matmul operands are rounded to (the tensor-core tiles: Q̃K̃ᵀ, P V,
@@ -111,12 +112,13 @@ def _forward_group(q, k, v, g, S, plan):
     gc = None if g is None else decay.per_dim(dense_chunks(g, C, d.acc), qc)  # [B, H, n, C, K or 1]
     gamma = None
     fast = None if gc is None else decay.split(gc, plan.mm)           # (Λ, e^{−b}, γ) or None
+    causal = decay.causal_mask(C, qc.dtype, qc.device)                # [C, C]
     if gc is None:
-        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(_causal(C, qc))  # [B, H, n, C, C]
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(causal)       # [B, H, n, C, C]
     elif fast is not None:                                            # every chunk decays < e^60
         lam, inv, gamma = fast                                        # Λ, e^{−b}, γ
         qc.mul_(lam), kc.mul_(inv)                                    # Q̂ ⊙ Λ, K ⊙ e^{−b}
-        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(_causal(C, qc))  # e^{b_i − b_j} inside
+        P = _mm(qc, kc.transpose(-1, -2), plan.mm).mul_(causal)       # e^{b_i − b_j} inside
         kc.mul_(gamma[..., None, :])                                  # K ⊙ Γ = K ⊙ e^{−b} γ
     elif gc.shape[-1] > 1:
         sweep = gla_tiles.Sweep(gc.exp_())                            # per dimension: halving tiles
@@ -204,11 +206,6 @@ def intra_chunk_matrix(q, k, g, *, sub_chunk_size=16, inter_dtype=None):
             k_abs = k[..., :r, :] * decay.key_decay(g[..., :r, :]).to(acc)  # [..., r, K]
             P[..., r:r + c, :r] = _mm(q_abs[..., i, :, :], k_abs.transpose(-1, -2), mm)
     return P
-
-
-def _causal(C, like):
-    """The causal mask [C, C] (1 on and below the diagonal) in like's dtype."""
-    return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
 
 
 def _check_chunk_tensors(q, k, g):

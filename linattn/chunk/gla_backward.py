@@ -38,7 +38,7 @@ import torch
 from .. import decay, outputs
 from ..naive.linear import initial
 from . import gla_tiles
-from .gated import _causal, _state_pass, chunk_decays, dense_chunks, forward, scan_
+from .gated import _state_pass, chunk_decays, dense_chunks, forward, scan_
 
 
 class ChunkwiseGated(torch.autograd.Function):
@@ -79,7 +79,7 @@ def gradients(q, k, v, g, initial_state, do, dS_final, plan, kept=()):
     sweep = None
     if gc is None or gc.dim() == qc.dim() - 1:
         # No gate or scalar gates: the decay factors out, P = (Q̂ Kᵀ) ⊙ D.
-        D = _causal(C, qc) if gc is None else decay.decay_mask(gc).to(d.acc)  # [.., C, C]
+        D = decay.causal_mask(C, qc.dtype, dev) if gc is None else decay.decay_mask(gc).to(d.acc)  # [C, C]
         P = (qc @ kc.transpose(-1, -2)).mul_(D)                       # [B, H, N, C, C]
         dP.mul_(D)                                                    # [B, H, N, C, C]  dP ⊙ D
         dq_in, dk_in = dP @ kc, dP.transpose(-1, -2) @ qc             # [B, H, N, C, K] each, j < i

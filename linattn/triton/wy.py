@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import outputs
+from .. import decay, outputs
 from .common import block, dot, interpreting
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -46,7 +46,7 @@ BS = tl.constexpr(SUB)  # the same, as kernels see it
 # KDA's split products use a factor e^{+x}, x ≤ this bound (e^60 ≈ 1e26, far from float32's
 # 3e38 and its underflow, and bf16 has float32's range): per chunk in `_kda_split_kernel`, per
 # 16-row block in `_kda_diag`. Past it: `_kda_exact_kernel`, and in there `_diag_walk`.
-DIAG_DOT_RANGE = tl.constexpr(60.0)
+DIAG_DOT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
 # Warps per program, measured on an H200 (bf16, H = 16, K = V = 128, C = 64, T = 1k and 32k):
 # KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U 4 warps;
 # factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps 0.38 / 0.62 / 1.17 ms, with tf32
