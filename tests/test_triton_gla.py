@@ -117,6 +117,36 @@ def test_intra_chunk_tiles_match_float64(strength):
         assert testing.rel_err(mine, ref) <= testing.tolerance(torch.float32), (t0, testing.rel_err(mine, ref))
 
 
+# Per-dimension gates in states mode: a chunk whose gates decay by less than e^60 builds its intra
+# matrix in the output kernel (the split); the others read the secondary-chunked A.
+SPLIT_SHAPE = device.pick(cpu=(2, 150, 2, 32, 24, 32, 16), gpu=(2, 700, 3, 128, 96, 64, 16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_and_exact_chunks_in_one_call(dtype):
+    """Gates strong (−20 per step) from a token inside a chunk on, and in the last head throughout:
+    chunks of both kinds side by side, under poisoned buffers (A is unwritten where a chunk splits)."""
+    B, T, H, K, V, C, c = SPLIT_SHAPE
+    args = inputs(B, T, H, K, V, dtype=dtype, seed=11)
+    strong = testing.log_gates(tuple(args["g"].shape), "strong", device=DEV,
+                               generator=torch.Generator(device=DEV).manual_seed(2))
+    cut = T // 2 + 5
+    strong = strong.to(args["g"].dtype)
+    args["g"] = torch.cat([args["g"][:, :cut], strong[:, cut:]], 1)
+    args["g"][:, :, -1] = strong[:, :, -1]
+    assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode="states"))
+
+
+@pytest.mark.parametrize("per_token", [-0.92, -0.97])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_bound(per_token, dtype):
+    """Every gate decaying by 58.9 over a chunk of 64 (the split, factors e^{−b} up to e^58.9, fp16
+    widened to bf16) or by 62.1 (past the bound: secondary chunking)."""
+    args = inputs(1, 150, 2, 32, 32, dtype=dtype, seed=4)
+    args["g"] = torch.full_like(args["g"], per_token)
+    assert_close(args, *run(args, chunk_size=64, sub_chunk_size=16, mode="states"))
+
+
 @pytest.mark.parametrize("gate", ["per_dim", "per_head"])
 @pytest.mark.parametrize("mode", ["fused", "states"])
 def test_value_and_state_blocks(monkeypatch, mode, gate):
@@ -132,7 +162,8 @@ def test_block_and_mode_rules(monkeypatch):
     assert gated.output_blocks(128, 128, gated.NO_GATE, ieee=False) == (128, 128)
     assert gated.output_blocks(128, 128, gated.HEAD_GATE, ieee=True) == (128, 64)
     assert gated.output_blocks(256, 256, gated.NO_GATE, ieee=False) == (256, 64)
-    assert gated.output_blocks(128, 128, gated.DIM_GATE, ieee=False) == (128, 64)
+    assert gated.output_blocks(128, 128, gated.DIM_GATE, ieee=False) == (128, 64)           # reads A
+    assert gated.output_blocks(128, 128, gated.DIM_GATE, ieee=False, split=True) == (128, 128)
     monkeypatch.setattr(gated, "num_sms", lambda: 132)
     assert gated.choose_mode("auto", gated.NO_GATE, 4, 16, 128, 128) == "fused"     # T = 8k: 128 programs
     assert gated.choose_mode("auto", gated.NO_GATE, 2, 16, 128, 128) == "states"    # T = 16k: 64 programs

@@ -26,6 +26,12 @@ It writes the chunk's C×C matrix A (float32) in parallel over (sub-chunk, chunk
 output step then needs two matmuls per chunk, as for per-head gates, where the decay leaves the
 k-sum and the whole chunk is one matmul times a C×C decay mask.
 
+The split (chapter 11's, for KDA): where a chunk decays by less than e^60 in every key dimension,
+which the gates of trained models always do, e^{b_t − b_s} = e^{b_t} · e^{−b_s} with both factors
+in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ. The plain forward
+builds it that way inside the output kernel and _intra_kernel fills A only for the chunks past the
+bound (`_split_flag` decides for both); a forward that keeps A for the backward computes all of it.
+
 Two ways to run the chunks (`mode`):
 - "fused": one program per (batch·head, V-block) walks all chunks, the state stays on chip and is
   never materialised. Parallelism: B·H·V/BV programs.
@@ -46,7 +52,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .. import outputs
+from .. import decay, outputs
 from ..validate import InputError, check_chunk, check_inputs
 from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 
@@ -72,6 +78,11 @@ MAX_CHUNK = 256
 # [C, C] tile is bigger than 64×64 (C = 256 in float32 would not fit an SM's registers).
 ROW_BLOCK = 64
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
+# The split of per-dimension gates (`_block_av`): a chunk whose gates decay by less than e^60 in every
+# key dimension (always, for the gates of trained models) takes its intra-chunk matrix as one
+# tensor-core product, (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, every factor e^{−b} ≤ e^60 (bf16 and float32 have the
+# range; fp16 operands are widened to bf16). Past the bound the chunk reads the secondary-chunked A.
+SPLIT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
 
 
 @triton.jit
@@ -164,19 +175,32 @@ def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c
 
 
 @triton.jit
+def _split_flag(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr):
+    """1 where the chunk starting at t0 decays by less than e^{SPLIT_RANGE} in every key dimension
+    (its cumulated gates at the last token, b_C > −SPLIT_RANGE), else 0. The intra and output kernels
+    decide from this one load alike, so a chunk's A is built by exactly one of them."""
+    last = tl.minimum(t0 + C, T) - 1
+    b_end = tl.load(b_base + last * s_b + offs_k, mask=kmask, other=0.0)                # [BK]
+    return (tl.min(b_end, axis=0) > -SPLIT_RANGE).to(tl.int32)
+
+
+@triton.jit
 def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                  COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+                  COMPUTE: tl.constexpr, IEEE: tl.constexpr, SKIP_SPLIT: tl.constexpr):
     # One program per (sub-chunk i, chunk n, batch·head): rows of sub-chunk i of the intra-chunk
     # matrix A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t in the chunk (tiles j ≤ i).
     i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_n * C
     s0 = t0 + i_i * c
-    if s0 < T:
-        base = i_b * T * H * K + i_h * K                     # q, k, g and b share the [B,T,H,K] layout
+    base = i_b * T * H * K + i_h * K                         # q, k, g and b share the [B,T,H,K] layout
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    todo = s0 < T
+    if SKIP_SPLIT:          # the output kernel builds this chunk's A itself (`_split_flag`)
+        todo = todo & (_split_flag(b + base, t0, T, H * K, offs_k, kmask, C) == 0)
+    if todo:
         a_base = A + i_b * T * H * C + i_h * C                # A is [B, T, H, C]
-        offs_k = tl.arange(0, BK)
-        kmask = offs_k < K
         idx = tl.arange(0, c)
         rows = s0 + idx
         rmask = rows < T
@@ -204,19 +228,35 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
 
 
 @triton.jit
-def _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k, s_v, s_gate,
-              s_a, offs_v, BR: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
-              IEEE: tl.constexpr):
-    """A[rows, cols] V[cols] for the BR columns of the chunk from c0 on ([BR, BV], float32)."""
+def _block_av(q, qe, b, split, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k,
+              s_v, s_gate, s_a, offs_v, BR: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+              COMPUTE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, SDT: tl.constexpr,
+              SAME: tl.constexpr):
+    """A[rows, cols] V[cols] for the BR columns of the chunk from c0 on ([BR, BV], float32).
+    qe: the rows' queries decayed from the chunk start, q ⊙ e^b in SDT (per-dimension gates)."""
     offs_k = tl.arange(0, BK)
     cols = t0 + c0 + tl.arange(0, BR)
     cmask = cols < T
     v = tl.load(v_base + cols[:, None] * s_v + offs_v[None, :], mask=cmask[:, None] & (offs_v < V)[None, :],
                 other=0.0).to(COMPUTE)                                                          # [BR, BV]
     if GATE == 2:
-        # intra-chunk matrix from _intra_kernel (secondary chunking)
-        A = tl.load(a_base + rows[:, None] * s_a + (c0 + tl.arange(0, BR))[None, :], mask=rmask[:, None],
-                    other=0.0)                                                                  # [BR, BR]
+        # the intra-chunk matrix: from _intra_kernel (secondary chunking), unless the chunk splits
+        p_a = a_base + rows[:, None] * s_a + (c0 + tl.arange(0, BR))[None, :]
+        if SPLIT:
+            if split != 0:
+                # e^{b_t − b_s} = e^{b_t} · e^{−b_s}, the second factor ≤ e^{SPLIT_RANGE}: one product
+                m_k = cmask[:, None] & (offs_k < K)[None, :]
+                p_k = cols[:, None] * s_k + offs_k[None, :]
+                k = tl.load(k_base + p_k, mask=m_k, other=0.0).to(tl.float32)                 # [BR, BK]
+                if SAME:            # the columns are the rows (C ≤ 64): b at hand, not reloaded
+                    b_c = b
+                else:
+                    b_c = tl.load(gate_base + p_k, mask=m_k, other=0.0)                       # [BR, BK]
+                A = dot(qe, tl.trans((k * tl.exp(-b_c)).to(SDT)), IEEE)                       # [BR, BR]
+            else:
+                A = tl.load(p_a, mask=rmask[:, None], other=0.0)                              # [BR, BR]
+        else:
+            A = tl.load(p_a, mask=rmask[:, None], other=0.0)
     else:
         k = tl.load(k_base + cols[:, None] * s_k + offs_k[None, :], mask=cmask[:, None] & (offs_k < K)[None, :],
                     other=0.0).to(COMPUTE)                                                      # [BR, BK]
@@ -232,7 +272,8 @@ def _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T,
 @triton.jit
 def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, T, K, V, scale,
                   s_k, s_v, s_gate, s_a, offs_v, C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                  GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+                  GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr = False,
+                  SDT: tl.constexpr = tl.bfloat16):
     """Write o for rows r0 … r0+BR−1 of the chunk starting at t0, given S [BK, BV] (float32), the
     state before the chunk. BR = C up to 64; larger chunks go in row blocks of 64, each summing the
     column blocks up to its diagonal (a 256×256 float32 tile would not fit an SM)."""
@@ -251,22 +292,29 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, 
         Sc = S.to(COMPUTE)
     q = tl.load(q_base + rows[:, None] * s_k + offs_k[None, :], mask=m_qk, other=0.0).to(COMPUTE)    # [BR, BK]
     b_r = tl.zeros([BR], dtype=tl.float32)
+    b = tl.zeros([BR, BK], dtype=tl.float32)
+    qe = tl.zeros([BR, BK], dtype=SDT)
+    split = 0
     if GATE == 2:
         # queries decayed from the chunk start
         b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=m_qk, other=0.0)     # [BR, BK]
-        acc = dot((q * tl.exp(b)).to(COMPUTE), Sc, IEEE)                                            # [BR, BV]
+        qb = q.to(tl.float32) * tl.exp(b)
+        acc = dot(qb.to(COMPUTE), Sc, IEEE)                                                         # [BR, BV]
+        qe = qb.to(SDT)                           # the same tile where SDT is the compute dtype
+        if SPLIT:
+            split = _split_flag(gate_base, t0, T, s_gate, offs_k, kmask, C)
     elif GATE == 1:
         b_r = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)                             # [BR]
         acc = dot((q * tl.exp(b_r)[:, None]).to(COMPUTE), Sc, IEEE)
     else:
         acc = dot(q, Sc, IEEE)
     if C == BR:
-        acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, 0, T, K, V, s_k, s_v,
-                         s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE)
+        acc += _block_av(q, qe, b, split, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, 0, T, K,
+                         V, s_k, s_v, s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT, True)
     else:
         for c0 in range(0, r0 + BR, BR):                      # column blocks up to the diagonal
-            acc += _block_av(q, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T, K, V, s_k,
-                             s_v, s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE)
+            acc += _block_av(q, qe, b, split, b_r, rows, rmask, k_base, v_base, gate_base, a_base, t0, c0, T,
+                             K, V, s_k, s_v, s_gate, s_a, offs_v, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT, False)
     tl.store(o_base + rows[:, None] * s_v + offs_v[None, :],
              (scale * acc).to(o_base.dtype.element_ty), mask=rmask[:, None] & (offs_v < V)[None, :])
 
@@ -315,7 +363,7 @@ def _states_kernel(k, v, gate, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: t
 @triton.jit
 def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   IEEE: tl.constexpr, SPLIT: tl.constexpr = False, SDT: tl.constexpr = tl.bfloat16):
     # One program per (V-block, row block of a chunk, batch·head): every chunk's output in parallel.
     i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
@@ -328,13 +376,14 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
                 mask=smask, other=0.0).to(tl.float32)                                       # [BK, BV]
     a_base = a + i_b * T * H * C + i_h * C
     _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, i_n * C, r0, T, K, V, scale,
-                  H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
+                  H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT)
 
 
 @triton.jit
 def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
-                  IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
+                  IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, SPLIT: tl.constexpr,
+                  SDT: tl.constexpr):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -351,7 +400,7 @@ def _fused_kernel(q, k, v, gate, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.cons
     for n in range(NT):
         for r in tl.static_range(C // BR):
             _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
-                          H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE)
+                          H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT)
         S = _state_step(S, k_base, v_base, gate_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
@@ -402,16 +451,18 @@ def state_config(K: int, V: int, BH: int, gate: int, sms=None):
     return min(block(K), BK), min(block(V), BV), stages
 
 
-def output_blocks(K: int, V: int, gate: int, ieee: bool):
+def output_blocks(K: int, V: int, gate: int, ieee: bool, split: bool = False):
     """(BK, BV) of the states-mode output program. Without per-dimension gates, V up to 128 wide:
     on an H200 at T = 32768 (linear attention, bf16, K = V = 128) the output kernel takes about
     0.226 ms with 128 columns (a states call minus its state pass) against 0.259 ms with 64
-    (tools/profile_ops.py): q and k are loaded once per chunk, not twice.
+    (tools/profile_ops.py): q and k are loaded once per chunk, not twice. The same holds, more
+    so, for per-dimension gates with the split (the program also loads the float32 gates and
+    builds A): 0.38 ms with 128 columns against 0.56 with 64 (H200, T = 1k–32k).
     The state tile stays ≤ 128×128 half-precision or 8192 float32 values (larger ones spilled
     registers when compiled for sm_90, and float32 tiles of 128×128 took 20–30 s to compile)."""
     BK = block(K)
-    if gate == DIM_GATE:
-        return blocks(K, V)           # the A-reading output of the measured GLA pipeline
+    if gate == DIM_GATE and not split:
+        return blocks(K, V)           # the A-reading output (kept for the backward)
     return BK, max(16, min(block(V), 128, (8192 if ieee else 16384) // BK))
 
 
@@ -441,10 +492,12 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     (the backward reads them instead of computing them again).
 
     Per-dimension gates run three kernels before the output: cumulated gates b, the intra-chunk
-    matrix A, the states. Summing the gates inside each kernel and building A on chip in the
-    output kernel instead is slower: 3.24 ms on an H200 (T = 1024, bf16, K = V = 128) against
-    1.88 ms for this pipeline (docs/perf_notes.md; its state pass alone took 0.69 ms there), so
-    the work stays split into separate kernels.
+    matrix A for the chunks past the split's bound (a launch that returns at once for the rest),
+    the states; the output kernel builds A of the other chunks with one product each. On an H200
+    (bf16, K = V = 128, 32768 tokens) that output kernel takes 0.38 ms, and the whole forward
+    0.78–1.17 ms, against 0.30 ms plus 0.42 for A from secondary chunking (1.08–1.48 ms).
+    Secondary chunking built inside the output kernel was slower still: 3.24 ms against 1.88 ms
+    for separate kernels in an earlier version (docs/perf_notes.md).
 
     Per-head gates are summed by the same launch: scanning them inside the sequential chunk loop
     put 27 barriers and 21 shuffles per chunk on its critical path (sm_90) against 17 and 0. On an
@@ -464,12 +517,15 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     mode = choose_mode(mode, gate, B, H, K, V)
     b = gate_sums(g, C)
     gates = q if b is None else b                                    # q: an unused pointer
-    a = intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else q
+    # per-dimension gates, states mode, no backward to feed: chunks in the split's range build their
+    # intra matrix inside the output kernel; _intra_kernel writes A only for the others
+    split = gate == DIM_GATE and keep is None
+    a = intra_attention(q, k, g, d, C, c, b=b, skip_split=split) if gate == DIM_GATE else q
     if keep is not None and gate == DIM_GATE:
         keep.update(b=b, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
+    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=tl.float32 if IEEE else tl.bfloat16)
     if mode == "fused":
         BK, BV = blocks(K, V)
         try:
@@ -487,16 +543,18 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     else:
         ran["mode"] = mode
     h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
-    BK, BV = output_blocks(K, V, gate, IEEE)
+    BK, BV = output_blocks(K, V, gate, IEEE, split=split)
     BR = min(C, ROW_BLOCK)
     last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
         q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BV, num_warps=4, **common)
     return o, sT
 
 
-def intra_attention(q, k, g, d, C, c, *, b=None):
+def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     """The intra-chunk matrix A [B, T, H, C] (float32) for per-dimension gates g [B, T, H, K]:
     secondary chunking. b: the chunk-local cumulated gates (`local_cumsum(g, C)`) when at hand.
+    skip_split: leave the chunks that take the split (`_split_flag`) unwritten, for an output kernel
+    that builds their A itself (those rows are NaN under `testing.poisoned`).
 
     Row t holds A[t, s] for the C positions s of t's chunk, s ≤ t (entries above the diagonal are
     not written). Computed once, in parallel over (sub-chunk, chunk, batch·head), and read by both
@@ -506,10 +564,10 @@ def intra_attention(q, k, g, d, C, c, *, b=None):
     COMPUTE = compute_dtype(q.dtype)
     q, k, g = contiguous(q, k, g)
     b = local_cumsum(g, C) if b is None else b
-    A = torch.empty((B, T, H, C), dtype=torch.float32, device=q.device)
+    A = (outputs.empty if skip_split else torch.empty)((B, T, H, C), dtype=torch.float32, device=q.device)
     last_launch["intra"] = _intra_kernel[(C // c, triton.cdiv(T, C), B * H)](
         q, k, g, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
-        num_warps=2 if c <= 16 else 4, num_stages=INTRA_STAGES)
+        SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, num_stages=INTRA_STAGES)
     return A
 
 
