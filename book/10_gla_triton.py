@@ -36,7 +36,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # 09 wrote a first Triton kernel. Here the two meet: the GLA forward as Triton kernels, with
 #
 # * the intra-chunk matrix built from $c\times c$ tiles — off-diagonal tiles as tensor-core
-#   matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative row walk;
+#   matmuls after absorbing the decay, diagonal tiles in float32 by a multiplicative row walk —
+#   and, where the gates allow (always, for trained models), as one product on chip (the split);
 # * a design choice made twice and measured: walk the chunks in **one fused pass** with the
 #   state on chip, or **materialise the chunk states** first and compute every chunk in parallel;
 # * the two shapes of the GLA paper's Figure 2: time against sequence length next to softmax
@@ -80,25 +81,30 @@ DEV = linattn.device.default_device()
 # | kernel | grid (programs) | sequential over chunks? | what it computes |
 # |---|---|---|---|
 # | `_local_cumsum_kernel` | (columns of $H\cdot K$, chunk, batch) | no | $b$, float32 (per-dimension gates) |
-# | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $A$, $[B,T,H,C]$ float32: secondary chunking |
+# | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $A$, $[B,T,H,C]$ float32: secondary chunking (past the split's bound, §3b) |
 # | `_states_kernel` | (K-block, V-block, batch·head) | **yes** | the state entering every chunk, $[B,H,N_T,K,V]$ |
-# | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$ per chunk |
+# | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$ per chunk ($A$ itself within the bound) |
 # | `_fused_kernel` | (V-block, batch·head) | **yes** | output and state step together, state in registers |
 #
-# `mode="states"` runs the first four; `mode="fused"` runs the first two and the fused one. For
+# `mode="states"` runs the first four; `mode="fused"` runs the first two and the fused one. In the
+# plain forward the intra kernel fills $A$ only for chunks past the split's bound, and the output
+# (or fused) kernel builds $A$ of the others itself; a forward that keeps $A$ for the backward has
+# the intra kernel fill all of it. One load, $b$ at the chunk's last token (`gated._split_flag`,
+# read by both kernels), decides, so every chunk's $A$ is built exactly once. For
 # per-head gates the decay leaves the sum over $\kappa$, so $A = (QK^\top)\odot e^{\,b_t-b_s}$ is one
 # matmul inside the output step, the intra kernel is skipped, and the $C$ gates of a chunk are
 # summed inside each kernel that loads them (no $b$ in memory); for linear attention ($g=0$) the
 # same kernels run with the gate compiled out (chapter 09).
 #
-# The per-dimension case can also run without $A$ and $b$ in memory: each kernel sums its own
-# gates, and the output kernel builds the tiles of $A$ and multiplies them by $V$ on chip. On an
-# H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$; triton 3.6, 2026-11-21) that version
-# takes 3.24 ms against about 1.8–1.9 ms for the pipeline above as it was then (§6 times it
-# now); its state pass alone takes
-# 0.69 ms, three times FLA's 0.22 ms for the same step. A likely reason is that its `tl.cumsum` of
-# a $[C, 64]$ tile runs across warps in every chunk step, where the pipeline's states kernel just
-# reads $b$. Saving memory traffic is not always saving time.
+# A design that lost: the per-dimension case can also run without $A$ and $b$ in memory, each
+# kernel summing its own gates and the output kernel building the secondary-chunking tiles of $A$
+# on chip. On an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$; triton 3.6,
+# 2026-11-21) that version took 3.24 ms against about 1.8–1.9 ms for separate kernels; its state
+# pass alone took 0.69 ms, three times FLA's 0.22 ms for the same step (a likely reason: its
+# `tl.cumsum` of a $[C, 64]$ tile runs across warps in every chunk step, where a states kernel
+# just reads $b$). Saving memory traffic is not always saving time. The split of §3b does get $A$
+# on chip, for the chunks of trained models, and at lower cost: one tensor-core product per chunk
+# instead of tiles and a row walk, with $b$ still summed once.
 
 # %%
 B, T, H, K, V = 1, pick(cpu=90, gpu=2000), 2, 32, 48
@@ -133,9 +139,10 @@ assert testing.rel_err(b, b_ref) < testing.tolerance(torch.float32)
 # %% [markdown]
 # ## 3. The intra-chunk matrix: secondary chunking as a kernel
 #
-# One program owns the $c$ rows of sub-chunk $i$ of one chunk. With $r$ the cumulative gate just
-# before sub-chunk $i$ (a row of $b$, or $0$ for the first sub-chunk), it loads its queries once
-# and absorbs the decay relative to $r$:
+# This kernel builds $A$ for every chunk when the backward needs it, and otherwise only for the
+# chunks that §3b cannot split. One program owns the $c$ rows of sub-chunk $i$ of one chunk.
+# With $r$ the cumulative gate just before sub-chunk $i$ (a row of $b$, or $0$ for the first
+# sub-chunk), it loads its queries once and absorbs the decay relative to $r$:
 #
 # $$\hat Q_i = Q_i\odot e^{\,B_i-r}\quad(\le |Q_i|),\qquad
 #   \text{for each } j<i:\ \hat K_j = K_j\odot e^{\,r-B_j}\quad(\le |K_j|),\qquad
@@ -221,6 +228,109 @@ print("kernel's A finite on every entry it writes:", finite)
 assert finite
 
 # %% [markdown]
+# ## 3b. The split: $A$ as one product where the gates allow
+#
+# Secondary chunking exists because the decay sits inside the sum over $\kappa$. Yet each factor
+# splits at the chunk start:
+#
+# $$e^{\,b_{t\kappa}-b_{s\kappa}} = e^{\,b_{t\kappa}}\cdot e^{-b_{s\kappa}}
+#   \qquad\Longrightarrow\qquad A = \mathrm{tril}\big((Q\odot e^{B})\,(K\odot e^{-B})^\top\big),$$
+#
+# one $C\times C$ tensor-core product per chunk — no sub-chunks, no row walk. The first factor is
+# $\le 1$; the second is $\ge 1$ and, since $b$ only falls along a chunk ($g\le 0$), at most
+# $e^{-b_{C\kappa}}$, the chunk's whole decay in dimension $\kappa$. So the product is safe exactly
+# when that decay is bounded. The library's bound is $b_{C\kappa} > -60$ in every key dimension
+# (`decay.SPLIT_RANGE`): $e^{60}\approx 10^{26}$, which float32 and bf16 hold (8 exponent bits,
+# largest $\approx 3\cdot 10^{38}\approx e^{88}$), with room to spare for $|k|$ and for the entries
+# above the diagonal — there $e^{\,b_t-b_s}\ge 1$, up to $e^{60}$: finite, and selected away by
+# `tl.where`. fp16 (largest 65504 $\approx e^{11}$) cannot hold the factor, so for fp16 inputs the
+# kernels round the split's operands to bf16 instead. Each operand is rounded once, as the
+# off-diagonal tiles of §3 are, so every term $q_{t\kappa}k_{s\kappa}e^{\,b_{t\kappa}-b_{s\kappa}}$
+# carries the relative error of two roundings whatever the size of its factors; the prefix sum
+# adds about $\varepsilon|b|\le 60\,\varepsilon$ to each factor. The gates of trained GLA models (a
+# log-sigmoid divided by 16) are far inside the bound: 64 tokens would have to average below
+# $-0.94$ each in some dimension.
+#
+# Past the bound secondary chunking is still needed. With log-gates down to −20 per token, $b_C$
+# reaches about $-640$ at $C = 64$ (down to $-1280$): $e^{-b}$ overflows float32 (and $e^{1280}$
+# even float64), while $e^{b}$ underflows to 0, and $0\cdot\infty$ is NaN. One load decides:
+# `gated._split_flag` reads $b$ at the chunk's last token, its lowest. In the plain forward
+# `_intra_kernel` (`intra_attention(..., skip_split=True)`) fills $A$ only for chunks that fail
+# the test — for the others its programs return at once — and the output kernel builds $A$ for
+# the chunks that pass, so every chunk's $A$ is built by exactly one of them. The backward reads
+# $A$ of every chunk, so a forward that keeps $A$ for it runs `_intra_kernel` on all chunks.
+#
+# Which chunks split, for the chapter's inputs (normal gates) and the strong ones of §3:
+
+# %%
+def chunk_ends(b_, C):
+    """b at every chunk's last token, [B, N_T, H, K]: b only falls along a chunk, so its lowest value."""
+    last = torch.arange(C, b_.shape[1] + C, C).clamp(max=b_.shape[1]) - 1
+    return b_[:, last]
+
+
+def split_chunks(b_, C):
+    """[B, N_T, H]: True where a chunk takes the split (decays by less than e^60 in every key dimension)."""
+    return chunk_ends(b_, C).amin(-1) > -decay.SPLIT_RANGE
+
+
+for name, b_ in (("normal", b), ("strong", b_strong)):
+    takes = split_chunks(b_, C)
+    print(f"{name} gates: lowest b at a chunk's end {chunk_ends(b_, C).min().item():7.1f} · "
+          f"(batch, chunk, head) that split: {int(takes.sum())} of {takes.numel()}")
+assert split_chunks(b, C).all() and not split_chunks(b_strong, C).any()
+
+# %% [markdown]
+# The product is the same matrix as §3's tiles: per chunk, in float64, against the kernel's
+# secondary chunking. **What breaks if** a chunk past the bound is split anyway, in float32 as
+# the kernel would: $\infty\cdot 0$ in the product, NaN in $A$.
+
+# %%
+errs = []
+for n in range(NT):
+    t0, t1 = n * C, min((n + 1) * C, T)
+    qn, kn, bn = (x[:, t0:t1].transpose(1, 2).double() for x in (q, k, b_ref))   # [B, H, L, K]
+    A_split = ((qn * bn.exp()) @ (kn * (-bn).exp()).transpose(-1, -2)).tril()     # one product
+    errs.append(testing.rel_err(A[:, t0:t1, :, :t1 - t0].transpose(1, 2).tril(), A_split))
+print("split A per chunk vs the kernel's secondary chunking, rel err:", " ".join(f"{e:.1e}" for e in errs))
+assert max(errs) <= testing.tolerance(torch.float32)
+
+qs, ks, bs = (x[0, :C, 0].float() for x in (strong["q"], strong["k"], b_strong))    # strong gates, chunk 0
+A_bad = ((qs * bs.exp()) @ (ks * (-bs).exp()).T).tril()
+print(f"strong gates split anyway: largest e^-b {(-bs).exp().max().item()}, "
+      f"NaN entries of A: {int(A_bad.isnan().sum())} of {C * (C + 1) // 2}")
+assert A_bad.isnan().any()
+
+# %% [markdown]
+# The two kernels share the work without overlap. Give one chunk strong gates, so that it alone
+# fails the test, and run under `testing.poisoned()` (every output buffer starts as NaN): the intra
+# kernel leaves the rows of the split chunks unwritten, and the output of both modes still matches
+# the float64 recurrence — the output step never reads those rows.
+
+# %%
+g_mix = g.clone()                                              # chunk 1 strong, the others as they were
+g_mix[:, C:2 * C] = testing.log_gates(g_mix[:, C:2 * C].shape, "strong",
+                                      generator=torch.Generator().manual_seed(5)).to(DEV)
+mix = dict(args, g=g_mix)
+takes = split_chunks(gated.local_cumsum(g_mix, C), C)                          # [B, NT, H]
+per_token = takes.repeat_interleave(C, dim=1)[:, :T]                           # [B, T, H]
+causal = (torch.arange(C)[None, :] <= (torch.arange(T) % C)[:, None]).to(DEV)  # [T, C]: s ≤ t
+with testing.poisoned():
+    A_mix = gated.intra_attention(q, k, g_mix, d, C, c, skip_split=True)
+    o_mix = {mode: linattn.gla(**mix, impl="triton", chunk_size=C, sub_chunk_size=c, mode=mode)[0]
+             for mode in ("states", "fused")}
+unwritten = A_mix[per_token].isnan().all().item()
+written = A_mix[(~per_token)[..., None] & causal[None, :, None, :]].isfinite().all().item()
+print("chunk splits (batch 0, head 0):", takes[0, :, 0].tolist())
+print(f"rows of split chunks unwritten (NaN): {unwritten} · other chunks' entries s ≤ t written: "
+      f"{written}")
+o_mix_ref, _ = naive.gla(**testing.to_float64(mix))
+for mode, o_ in o_mix.items():
+    print(f"{mode:6s} o: rel err vs float64 {testing.rel_err(o_, o_mix_ref):.1e}")
+    assert testing.rel_err(o_, o_mix_ref) <= testing.tolerance(torch.float32)
+assert unwritten and written and not takes[:, 1].any() and takes[:, torch.arange(NT) != 1].all()
+
+# %% [markdown]
 # ## 4. The state pass
 #
 # The only inherently sequential part: one program per (K-block, V-block, batch·head) walks the
@@ -271,9 +381,12 @@ assert testing.rel_err(S_T, S_end) < testing.tolerance(torch.float32)
 # Given $A$ and the entering state, a chunk's output is two matmuls:
 # $O = \text{scale}\,\big((Q\odot e^{B})S + AV\big)$ — $A$ cast to the input dtype for the tensor
 # cores, the causal half selected with `tl.where` (a select, not a product, so entries never
-# written cannot leak). `mode="states"` does this for every chunk in parallel from the stored
-# states; `mode="fused"` does it inside the chunk loop, right before the state step, and never
-# stores a state. Check both against the float64 recurrence, for each dtype and both gate shapes:
+# written cannot leak). For a chunk that splits (§3b) $A$ is a third product, made in the same
+# program. `mode="states"` does this for every chunk in parallel from the stored states — with the
+# split, its programs are 128 columns of $V$ wide (`gated.output_blocks`), so $q$, $k$ and $b$ are
+# loaded and $A$ is built once per chunk, not once per 64 columns; `mode="fused"` does it inside
+# the chunk loop, right before the state step, and never stores a state. Check both against the
+# float64 recurrence, for each dtype and both gate shapes:
 
 # %%
 for gate in ("per_dim", "per_head"):
@@ -413,12 +526,23 @@ else:
 #   state pass and the output kernel.
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
 #   lines above list where each op meets it. In the recorded run GLA with per-dimension gates is
-#   ahead at every length, mostly through its intra-chunk kernel: the row walk of §3 takes
-#   0.42 ms where FLA's two kernels for the same matrix take 0.77 (`tools/profile_ops.py` at
-#   $T = 1$k, which times every kernel of both). Per-head GLA is level with FLA up to 16k and
-#   ahead at 32k: both then spend their time in the same two steps, the state pass and the output.
-# * **Against the memory floor.** GLA is far from the aim of 2× the floor, as is FLA's own
-#   `chunk_gla`: the intra-chunk matrix is compute, not traffic. Linear attention comes closest.
+#   ahead at every length, mostly through the split of §3b: for these gates the intra kernel has
+#   no chunk to build and returns at once, and the output kernel makes $A$ with one product.
+#   Per kernel (`tools/profile_ops.py`, which times every kernel of both; H200, bf16, $T = 1$k,
+#   $B = 32$, $H = 16$, $K = V = 128$, triton 3.6.0, fla-core 0.6.0, 2026-11-23), in ms: ours
+#   output 0.352 + states 0.241 + cumulative gates 0.125 + intra 0.024 = 0.75; FLA's two kernels
+#   for the intra-chunk matrix alone take 0.477 + 0.288, then output 0.252, states 0.218,
+#   cumulative gates 0.126 and 0.04 of elementwise work. Building $A$ by secondary chunking for
+#   every chunk instead costs 0.417 in the intra kernel (output 0.297): 1.08 ms in all. Per-head
+#   GLA is level with FLA up to 16k and ahead at 32k: both then spend their time in the same two
+#   steps, the state pass and the output.
+# * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
+#   `chunk_gla` 7–11×), still short of the aim of 3×. What is left is mostly traffic the floor
+#   does not count: the float32 gates are summed once more into $b$, written, and read back by
+#   the state pass and the output kernel; the states are written and read back; $k$ and $v$ are
+#   read by both the state pass and the output. At the recorded copy bandwidth those passes come
+#   to about 0.38 ms on top of the 0.19 ms floor (estimated from the tensor sizes) — most of the
+#   0.75 ms at $T = 1$k. Linear attention comes closest to the floor.
 
 # %% [markdown]
 # ## 7. Figure 2 of the GLA paper, left: time against sequence length
@@ -471,10 +595,11 @@ else:
 # The shape of the paper's left panel is there: softmax attention's time doubles with $T$ while
 # GLA's stays nearly flat, so the lines cross. Where they cross depends on how fast each kernel
 # is: the paper's GLA overtakes FlashAttention-2 between 2k and 4k (forward and backward, on an
-# A100); in this forward-only setting on an H200 ours overtakes SDPA later (the printed line says
-# where), and so does FLA's `chunk_gla`. Near the crossing the two times are close, so which side
-# of it a length falls on can change from run to run. Our aim — GLA faster than SDPA from
-# $T = 2048$ — is not reached by these kernels.
+# A100). In this forward-only setting ours overtakes causal SDPA from $T = 4096$ in the recorded
+# run (H200, bf16, 2026-11-23; the printed line above, or the live one on a GPU, says where),
+# and FLA's `chunk_gla` from 8k. Near the crossing the two times are close, so which side of
+# it a length falls on can change from run to run. Our aim — GLA faster than SDPA from
+# $T = 2048$ — is not reached: at 2k SDPA still takes about two thirds of our time (table above).
 
 # %% [markdown]
 # ## 8. Figure 2, right: intra- against inter-chunk time as $C$ grows
@@ -519,11 +644,11 @@ plt.show()
 
 # %% [markdown]
 # The paper measured (A100, its own kernels) intra rising from 1.8 to 5 ms and inter falling from
-# 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our split: inter = cumulative gates + the state pass
-# (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
-# output kernel, which also does $QS$). On a GPU the next cell measures it live for
-# $C = 16\dots256$; on a CPU it shows the recorded sweep (`tools/bench.py --suite chunks`,
-# $T = 8192$, $B = 4$, states mode; its caption names the run), which covers $C = 16\dots64$.
+# 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our division: inter = cumulative gates + the state
+# pass (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
+# output kernel, which builds $A$ of the split chunks and also does $QS$). On a GPU the next cell
+# measures it live for $C = 16\dots256$; on a CPU it shows the recorded sweep of the same sizes
+# (`tools/bench.py --suite chunks`, $T = 8192$, $B = 4$, states mode; its caption names the run).
 #
 # $C = 128$ and $256$ need two things from the kernels. The output step goes in row blocks of 64
 # rows (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $A$ is
@@ -575,14 +700,18 @@ else:
     print(f"fastest recorded chunk size: C = {fastest['C']} ({fastest['total']:.2f} ms, states mode)")
 
 # %% [markdown]
-# In the recorded sweep the **inter** half behaves as in the paper: it falls as $C$ grows, since
-# the sequential pass gets shorter (512 → 128 steps from $C = 16$ to $64$). The **intra** half does
-# not rise yet over this range. A likely reading is that its growing term — the $C\times C$
-# matrix, $O(C(K+V))$ per token — is still smaller there than the parts that do not depend on $C$:
-# the $(Q\odot e^{B})S$ product of the output kernel ($O(KV)$ per token, which we count as intra)
-# and the float32 diagonal tiles, whose size is fixed by $c = 16$. The paper's rise of intra time
-# shows from $C = 64$ to $256$, beyond the recorded points; on a GPU the cell above measures them.
-# The library's default chunk, $C = 64$, is the fastest recorded size.
+# Reading the recorded sweep (the table above):
+#
+# * **Inter** falls as in the paper while the sequential pass gets shorter (512 → 128 steps from
+#   $C = 16$ to $64$), then rises slightly to $C = 256$. A likely reading: fewer steps, but each
+#   step loads and multiplies bigger tiles, and at $C = 256$ fewer pipeline stages fit.
+# * **Intra** rises from $C = 64$ to $256$, the paper's shape: the $C\times C$ matrix,
+#   $O(C(K+V))$ per token, is now the growing term.
+# * Below $C = 64$ intra is larger again. The output kernel reads the state entering every chunk,
+#   $K\times V$ values, so its traffic per token grows as $KV/C$: at $C = 16$ the state reads
+#   (2 KB per token and head in bf16) outweigh those of $q$, $k$, $v$ and $b$ together.
+#
+# The two effects meet at the library's default chunk, $C = 64$, the fastest recorded size.
 
 # %% [markdown]
 # ## Summary
@@ -591,8 +720,12 @@ else:
 #   matrix (secondary chunking: matmul tiles below the diagonal, float32 diagonal tiles by a
 #   multiplicative row walk), the state pass (the only sequential part), and the output — or
 #   the state pass and the output fused into one loop with the state in registers.
-# * Every exponent is a difference measured from a point before the query: all factors $\le 1$,
-#   finite for log-gates of −20 per token.
+# * The split: where a chunk decays by less than $e^{60}$ in every key dimension (always, for
+#   trained gates), $A = \mathrm{tril}((Q\odot e^{B})(K\odot e^{-B})^\top)$ is one product, built
+#   in the output kernel; the intra kernel fills $A$ only for the chunks past the bound (all of
+#   them when the backward needs $A$). One load of $b$ decides for both kernels.
+# * Every other exponent is a difference measured from a point before the query: all factors
+#   $\le 1$, finite for log-gates of −20 per token, where the split would give $0\cdot\infty$.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
 #   at any $T$. On an H200 fused wins for linear attention while its grid is full and states
@@ -600,13 +733,15 @@ else:
 #   encodes that rule.
 # * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
 #   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
-# * Against FLA and softmax attention (recorded run, §6–7): linear attention is ahead of FLA at
-#   every length; per-head GLA is level with FLA and ahead at the longest; per-dimension GLA is
-#   ahead of FLA at every length, and overtakes causal SDPA only from several thousand tokens —
-#   the paper's Figure 2, left, in shape, not yet at the crossing we aim for (2k).
+# * Against FLA and softmax attention (recorded run on an H200, §6–7): linear attention is ahead
+#   of FLA at every length; per-head GLA is level with FLA and ahead at the longest; per-dimension
+#   GLA takes about 0.5–0.6 of FLA's time at every length, mostly through the split, and
+#   overtakes causal SDPA from 4k — the paper's Figure 2, left, in shape, not yet at the crossing
+#   we aim for (2k). It is about 4–6× the memory floor; the rest is mostly traffic.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
-#   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep inter falls as predicted,
-#   intra stays flat, and $C = 64$ is fastest; on a GPU the sweep runs live up to $C = 256$.
+#   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep ($C = 16\dots256$) inter
+#   falls to $C = 64$ and then rises slightly, intra rises from 64 to 256 as in the paper and is
+#   larger below 64, where reading every chunk's state dominates; $C = 64$ is fastest.
 #
 # Notes on how the recorded numbers were measured are in `docs/perf_notes.md`.
 #
