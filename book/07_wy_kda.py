@@ -347,10 +347,18 @@ assert ev <= 1 + 1e-9
 #
 # 1. pad $T$ to whole chunks with identity tokens ($k = v = q = 0$, $\beta = 0$, $g = 0$: no write, no
 #    decay), reshape to `[B, H, N, C, …]`;
-# 2. for **many chunks in parallel**: $A$, $T = (I + A)^{-1}$, $U$, $W$, $Q\odot e^G$, $A_{qk}$,
+# 2. for **many chunks in parallel**: $A$, $T = (I + A)^{-1}$, $Q\odot e^G$, $A_{qk}$,
 #    $K_{\text{dec}}$, $e^{G_C}$;
-# 3. one sequential pass over those chunks: $\tilde V = U - WS$, $O = \text{scale}((Q\odot e^G)S + A_{qk}\tilde V)$,
-#    $S \leftarrow e^{G_C}\odot S + K_{\text{dec}}^\top\tilde V$.
+# 3. one sequential pass over those chunks: $\tilde V = T\operatorname{diag}(\beta)\big(V - (K\odot e^G)S\big)$,
+#    $O = \text{scale}((Q\odot e^G)S + A_{qk}\tilde V)$, $S \leftarrow e^{G_C}\odot S + K_{\text{dec}}^\top\tilde V$.
+#
+# Step 3 solves the boxed system with the chunk's $T$ directly. That is $U - WS$ multiplied out:
+# two products per chunk with $C$ rows ($(K\odot e^G)S$, then $T$ times the result) where
+# $U$, $W$ and $WS$ take three. The backward needs $U$ and $W$ themselves (chapter 12), so the
+# forward that feeds it forms them (`linattn.chunk.delta.factors`); the plain forward does not.
+# $T$ comes from a triangular solve against $I$ (`linattn.chunk.delta.solve_unit_lower`:
+# forward substitution in compiled LAPACK code): on a CPU one such call is faster than joining
+# halves in a few dozen small PyTorch operations, although both do the same arithmetic.
 #
 # Only step 3 is sequential, and it is $N = T/C$ steps of small matmuls. Nothing in step 2 depends
 # on another chunk, so the chunks may be taken in any batches: the library takes them in groups
