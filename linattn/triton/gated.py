@@ -496,8 +496,8 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     the states; the output kernel builds A of the other chunks with one product each. On an H200
     (bf16, K = V = 128, 32768 tokens) that output kernel takes 0.38 ms, and the whole forward
     0.78–1.17 ms, against 0.30 ms plus 0.42 for A from secondary chunking (1.08–1.48 ms).
-    Secondary chunking built inside the output kernel was slower still: 3.24 ms against 1.88 ms
-    for separate kernels in an earlier version (docs/perf_notes.md).
+    Building the secondary-chunking tiles inside the output kernel instead was slower: 3.24 ms
+    against 1.88 ms for separate kernels (docs/perf_notes.md).
 
     Per-head gates are summed by the same launch: scanning them inside the sequential chunk loop
     put 27 barriers and 21 shuffles per chunk on its critical path (sm_90) against 17 and 0. On an
