@@ -130,8 +130,7 @@ def _forward_group(q, k, v, g, beta, d, C, S, o):
         Vts.append(Vt)
         S = torch.baddbmm(S if last is None else last[:, n] * S, kd_t[:, n], Vt)
     Sin, Vt = (torch.stack(x, 1).unflatten(0, qc.shape[:2]) for x in (entering, Vts))
-    out = (decayed(qc, Lam) @ Sin).add_(Aqk @ Vt).mul_(d.scale)        # [B, H, N, C, V]
-    o.copy_(from_chunks(out, o.shape[1]))
+    _write(o, decayed(qc, Lam), Aqk, Sin, Vt, d.scale)
     return S.unflatten(0, qc.shape[:2])
 
 
@@ -506,7 +505,7 @@ def entering_states(f: Factors, S):
     and the residuals Ṽ [B, H, N, C, V].
 
     Per chunk two small matmuls, Ṽ = U − W S and S' = e^{G_C} S + Kdecᵀ Ṽ; the outputs, which
-    need only the entering state and Ṽ, follow for all chunks at once (`chunk_outputs`).
+    need only the entering state and Ṽ, follow for all chunks at once (`write_outputs`).
     """
     B, H, N = f.U.shape[:3]
     U, W, Kdec, last = (x.flatten(0, 1) if x is not None else None
@@ -527,11 +526,10 @@ def residuals(f: Factors, Sin):
     return f.U if f.W is None else f.U - f.W @ Sin
 
 
-def chunk_outputs(f: Factors, Sin, Vt):
-    """O / scale = Qg S + Aqk Ṽ of every chunk at once, [B, H, N, C, V]."""
-    return (f.Qg @ Sin).add_(f.Aqk @ Vt)
-
-
 def write_outputs(o, f: Factors, Sin, Vt, scale):
     """o [B, T, H, V] ← scale · (Qg S + Aqk Ṽ): scaling, layout and dtype in one pass."""
-    o.copy_(from_chunks(chunk_outputs(f, Sin, Vt).mul_(scale), o.shape[1]))
+    _write(o, f.Qg, f.Aqk, Sin, Vt, scale)
+
+
+def _write(o, Qg, Aqk, Sin, Vt, scale):
+    o.copy_(from_chunks((Qg @ Sin).add_(Aqk @ Vt).mul_(scale), o.shape[1]))   # [B, H, N, C, V] → o

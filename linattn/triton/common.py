@@ -20,7 +20,7 @@ import triton.language as tl
 
 from triton.runtime.errors import OutOfResources
 
-from .. import device  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
+from .. import decay, device  # noqa: F401  (device sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
 from ..validate import InputError
 
 
@@ -48,6 +48,18 @@ def interpreting() -> bool:
 def compute_dtype(dtype: torch.dtype):
     """The dtype tiles have inside a kernel: the input's natively, float32 under the interpreter."""
     return tl.float32 if interpreting() else _TL[dtype]
+
+
+# The split (e^{b_t − b_s} = e^{b_t} · e^{−b_s}, chapter 11): its factor e^{−b} goes up to e^SPLIT_RANGE,
+# the same bound as the chunk level's (linattn.decay.split).
+SPLIT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
+
+
+def split_dtype(ieee: bool):
+    """Operand dtype of the split products, whose factors reach e^{60}: float32 for float32 inputs,
+    else bf16, which has float32's range (fp16 overflows at 65504; its float32 products on the tf32
+    path faulted natively at K = 16, Triton 3.6)."""
+    return tl.float32 if ieee else tl.bfloat16
 
 
 def check_kernel_inputs(q) -> None:

@@ -28,7 +28,8 @@ k-sum and the whole chunk is one matmul times a C×C decay mask.
 
 The split (chapter 11's, for KDA): where a chunk decays by less than e^60 in every key dimension,
 which the gates of trained models always do, e^{b_t − b_s} = e^{b_t} · e^{−b_s} with both factors
-in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ. The plain forward
+in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, its operands in bf16
+(float32 for float32 inputs; fp16 cannot hold e^60: `common.split_dtype`). The plain forward
 builds it that way inside the output kernel and _intra_kernel fills A only for the chunks past the
 bound (`_split_flag` decides for both); a forward that keeps A for the backward computes all of it.
 
@@ -52,9 +53,10 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .. import decay, outputs
+from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
+from .common import (SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch,
+                     num_sms, split_dtype)
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -78,11 +80,6 @@ MAX_CHUNK = 256
 # [C, C] tile is bigger than 64×64 (C = 256 in float32 would not fit an SM's registers).
 ROW_BLOCK = 64
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
-# The split of per-dimension gates (`_block_av`): a chunk whose gates decay by less than e^60 in every
-# key dimension (always, for the gates of trained models) takes its intra-chunk matrix as one
-# tensor-core product, (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, every factor e^{−b} ≤ e^60 (bf16 and float32 have the
-# range; fp16 operands are widened to bf16). Past the bound the chunk reads the secondary-chunked A.
-SPLIT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
 
 
 @triton.jit
@@ -517,15 +514,16 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     mode = choose_mode(mode, gate, B, H, K, V)
     b = gate_sums(g, C)
     gates = q if b is None else b                                    # q: an unused pointer
-    # per-dimension gates, states mode, no backward to feed: chunks in the split's range build their
-    # intra matrix inside the output kernel; _intra_kernel writes A only for the others
+    # per-dimension gates, no backward to feed: chunks in the split's range build their intra matrix
+    # inside the output (or fused) kernel, with operands in split_dtype; _intra_kernel writes A
+    # only for the others
     split = gate == DIM_GATE and keep is None
     a = intra_attention(q, k, g, d, C, c, b=b, skip_split=split) if gate == DIM_GATE else q
     if keep is not None and gate == DIM_GATE:
         keep.update(b=b, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=tl.float32 if IEEE else tl.bfloat16)
+    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype(IEEE))
     if mode == "fused":
         BK, BV = blocks(K, V)
         try:

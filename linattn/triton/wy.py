@@ -38,15 +38,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import decay, outputs
-from .common import block, dot, interpreting
+from .. import outputs
+from .common import SPLIT_RANGE, block, dot, interpreting
+from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
 BS = tl.constexpr(SUB)  # the same, as kernels see it
 # KDA's split products use a factor e^{+x}, x ≤ this bound (e^60 ≈ 1e26, far from float32's
 # 3e38 and its underflow, and bf16 has float32's range): per chunk in `_kda_split_kernel`, per
 # 16-row block in `_kda_diag`. Past it: `_kda_exact_kernel`, and in there `_diag_walk`.
-DIAG_DOT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
+DIAG_DOT_RANGE = SPLIT_RANGE
 # Warps per program, measured on an H200 (bf16, H = 16, K = V = 128, C = 64, T = 1k and 32k):
 # KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U 4 warps;
 # factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps 0.38 / 0.62 / 1.17 ms, with tf32
@@ -66,10 +67,8 @@ def inverse_precision(p) -> str:
 
 
 def split_dtype(p) -> dict:
-    """Operand dtype of KDA's split products, whose factors reach e^{60}: float32 for float32
-    inputs, else bf16, which has float32's range (fp16 overflows at 65504; its float32 products
-    on the tf32 path faulted natively at K = 16, Triton 3.6)."""
-    return dict(SDT=tl.float32 if p.ieee else tl.bfloat16)
+    """SDT, the operand dtype of KDA's split products (`common.split_dtype`), as kernel keywords."""
+    return dict(SDT=operand_dtype(p.ieee))
 
 
 def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
