@@ -463,23 +463,36 @@ def output_blocks(K: int, V: int, gate: int, ieee: bool, split: bool = False):
     return BK, max(16, min(block(V), 128, (8192 if ieee else 16384) // BK))
 
 
-def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int) -> str:
+def fused_config(K: int, V: int, gate: int, ieee: bool):
+    """(BK, BV, warps) of the fused program. Per-head gates in half precision: all of V up to 128
+    columns and 8 warps (q, k and the gates loaded once per chunk, not once per V-block). On an H200
+    (bf16, K = V = 128, 32768 tokens, T = 1k–4k) that fused call took 0.39 ms against 0.50 with 64
+    columns and 4 warps, and 0.40–0.42 ms in states mode. Otherwise `blocks`, 4 warps."""
+    if gate == HEAD_GATE and not ieee:
+        BK = block(K)
+        return BK, max(16, min(block(V), 128, 16384 // BK)), 8
+    return (*blocks(K, V), 4)
+
+
+def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int, ieee: bool = False) -> str:
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "auto":
         return mode
-    if gate != NO_GATE:
-        # Gated, on an H200 (bf16, K = V = 128): per-dimension gates, states 1.88 ms against fused
-        # 2.06 ms for T ≤ 8192 and fused slower still beyond; per-head gates, states 0.41–0.47 ms
-        # against fused 0.50 for T ≤ 8192 and 0.96–1.92 beyond. A fused program applies the decays
-        # inside its sequential loop and, with that loop's loads pipelined, needs more than half
-        # an SM's shared memory, so no second program hides its latency.
+    if gate == DIM_GATE or (gate == HEAD_GATE and ieee):
+        # Per-dimension gates on an H200 (bf16, K = V = 128, T = 1k–4k): fused 0.97–0.99 ms at best
+        # (128 columns, 8 warps) against 0.75–0.84 for states. A fused program applies the decays
+        # inside its sequential loop and, with that loop's loads pipelined, needs most of an SM's
+        # shared memory, so no second program hides its latency. Per-head gates in float32 keep
+        # the states mode their half-precision measurement below does not cover.
         return "states"
     # Linear attention on an H200 (bf16, K = V = 128): fused 0.27–0.29 ms up to T = 8192
     # (128 programs on 132 SMs) against states 0.35–0.41 ms there; states ahead from T = 16384
-    # (64 programs: 0.39 against 0.52 ms). So fused while its grid has more programs than half the
-    # SMs: the state stays on chip and no SM sits idle.
-    programs = B * H * triton.cdiv(V, blocks(K, V)[1])
+    # (64 programs: 0.39 against 0.52 ms). Per-head gates (`fused_config`): fused 0.39 ms for
+    # T = 1k–4k (128 to 512 programs) against 0.40–0.42 for states, 0.76 against 0.43 at T = 8k
+    # (64 programs). So fused while its grid has more programs than half the SMs: the state stays
+    # on chip and no SM sits idle.
+    programs = B * H * triton.cdiv(V, fused_config(K, V, gate, ieee)[1])
     return "fused" if programs > num_sms() // 2 else "states"
 
 
@@ -511,7 +524,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
-    mode = choose_mode(mode, gate, B, H, K, V)
+    mode = choose_mode(mode, gate, B, H, K, V, IEEE)
     b = gate_sums(g, C)
     gates = q if b is None else b                                    # q: an unused pointer
     # per-dimension gates, no backward to feed: chunks in the split's range build their intra matrix
@@ -525,12 +538,12 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype(IEEE))
     if mode == "fused":
-        BK, BV = blocks(K, V)
+        BK, BV, warps = fused_config(K, V, gate, IEEE)
         try:
             last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
                 q, k, v, gates, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
                 NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
-                num_warps=4, num_stages=FUSED_STAGES, **common)
+                num_warps=warps, num_stages=FUSED_STAGES, **common)
             ran["mode"] = "fused"
             return o, sT
         except OutOfResources as e:
