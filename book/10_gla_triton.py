@@ -440,8 +440,10 @@ print(bench.markdown_table(["T", "B", "fused programs", "per SM", "output progra
 # traffic — and its sequential pass does one matmul per chunk instead of four. So the model says:
 # fused for many short sequences, states for few long ones. `mode="auto"` follows what was
 # measured rather than the model alone (`gated.choose_mode`, with the numbers in its comments):
-# for linear attention fused while its grid has more programs than half the multiprocessors; with
-# gates of either shape always states.
+# for linear attention and per-head gates fused while its grid has more programs than half the
+# multiprocessors; with per-dimension gates always states. (For per-head gates in half precision
+# the fused program takes all 128 columns of $V$ with 8 warps, so its grid is $B\cdot H$, half the
+# table's count: fused up to $T = 4096$.)
 #
 # Measured: on a GPU the next cell times both modes live at the benchmark setting. On a CPU it
 # shows the recorded run of `tools/bench.py --suite anchors` (`book/data/bench.json`; its
@@ -518,12 +520,16 @@ else:
 #   dots per chunk in one loop, its bf16 tiles at $K = V = 128$ need more shared memory than an
 #   H200 has with Triton's default three pipeline stages (it runs with two), which leaves little
 #   room for a second program per multiprocessor to hide latency.
-# * **Scalar-gate GLA** (`simple_gla`, per-head gates): states is faster at every length. Each
-#   fused program applies the decays inside its sequential loop, and with that loop's loads
-#   pipelined (§4) it needs more than half a multiprocessor's shared memory, so no second program
-#   hides its latency. The gate sums come from one small launch before the chunk kernels, so no
-#   scan sits in the sequential state loop; the states time then splits about evenly between the
-#   state pass and the output kernel.
+# * **Scalar-gate GLA** (`simple_gla`, per-head gates) follows the model once its fused program
+#   is wide: with all 128 columns of $V$ and 8 warps, $q$, $k$ and the gates are loaded once per
+#   chunk instead of once per 64 columns, and fused is a little faster than states while the grid
+#   fills the GPU ($T \le 4$k), states beyond. With 64 columns and 4 warps fused loses at every
+#   length (0.50 ms against 0.40–0.42 for states at $T = 1$k–4k, same GPU and versions as the
+#   recorded run): each program applies the decays
+#   inside its sequential loop and, with that loop's loads pipelined (§4), needs more than half
+#   a multiprocessor's shared memory, so no second program hides its latency; fewer, wider
+#   programs do the same work with half the loads. The gate sums come from one small launch
+#   before the chunk kernels, so no scan sits in the sequential loop.
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
 #   lines above list where each op meets it. In the recorded run GLA with per-dimension gates is
 #   ahead at every length, mostly through the split of §3b: for these gates the intra kernel has
@@ -533,9 +539,13 @@ else:
 #   output 0.352 + states 0.241 + cumulative gates 0.125 + intra 0.024 = 0.75; FLA's two kernels
 #   for the intra-chunk matrix alone take 0.477 + 0.288, then output 0.252, states 0.218,
 #   cumulative gates 0.126 and 0.04 of elementwise work. Building $A$ by secondary chunking for
-#   every chunk instead costs 0.417 in the intra kernel (output 0.297): 1.08 ms in all. Per-head
-#   GLA is level with FLA up to 16k and ahead at 32k: both then spend their time in the same two
-#   steps, the state pass and the output.
+#   every chunk instead costs 0.417 in the intra kernel (output 0.297): 1.08 ms in all. Summing
+#   the raw gates inside each kernel instead of in a launch of their own (no $b$ written or read)
+#   was slower still: the scan in the sequential state loop took the state pass from 0.24 to
+#   0.35 ms, and each intra program summing its whole chunk to decide the split took 0.11 ms
+#   instead of 0.02 (0.82 ms in all). Per-head GLA is a few percent ahead of FLA up to 4k (the
+#   fused mode), level at 8k–16k, where both spend their time in the same two steps, the state
+#   pass and the output, and ahead at 32k.
 # * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
 #   `chunk_gla` 7–11×), still short of the aim of 3×. What is left is mostly traffic the floor
 #   does not count: the float32 gates are summed once more into $b$, written, and read back by
@@ -729,7 +739,8 @@ else:
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
 #   at any $T$. On an H200 fused wins for linear attention while its grid is full and states
-#   beyond; with gates (per head or per dimension) states wins at every $T$. `mode="auto"`
+#   beyond, and so does per-head GLA once its program takes all of $V$; with per-dimension gates
+#   states wins at every $T$. `mode="auto"`
 #   encodes that rule.
 # * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
 #   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
