@@ -464,13 +464,13 @@ def output_blocks(K: int, V: int, gate: int, ieee: bool, split: bool = False):
 
 
 def fused_config(K: int, V: int, gate: int, ieee: bool):
-    """(BK, BV, warps) of the fused program. Per-head gates in half precision: all of V up to 128
-    columns and 8 warps (q, k and the gates loaded once per chunk, not once per V-block). On an H200
-    (bf16, K = V = 128, 32768 tokens, T = 1k–4k) that fused call took 0.39 ms against 0.50 with 64
-    columns and 4 warps, and 0.40–0.42 ms in states mode. Otherwise `blocks`, 4 warps."""
+    """(BK, BV, warps) of the fused program. Per-head gates in half precision: the states-mode output
+    program's blocks (`output_blocks`: all of V up to 128 columns) and 8 warps, so q, k and the gates
+    are loaded once per chunk, not once per V-block. On an H200 (bf16, K = V = 128, 32768 tokens,
+    T = 1k–4k) that fused call took 0.39 ms against 0.50 with 64 columns and 4 warps, and 0.40–0.42 ms
+    in states mode. Otherwise `blocks`, 4 warps."""
     if gate == HEAD_GATE and not ieee:
-        BK = block(K)
-        return BK, max(16, min(block(V), 128, 16384 // BK)), 8
+        return (*output_blocks(K, V, gate, ieee), 8)
     return (*blocks(K, V), 4)
 
 
