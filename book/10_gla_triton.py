@@ -525,11 +525,11 @@ else:
 #   chunk instead of once per 64 columns, and fused is a little faster than states while the grid
 #   fills the GPU ($T \le 4$k), states beyond. With 64 columns and 4 warps fused loses at every
 #   length (0.50 ms against 0.40–0.42 for states at $T = 1$k–4k, same GPU and versions as the
-#   recorded run): each program applies the decays
-#   inside its sequential loop and, with that loop's loads pipelined (§4), needs more than half
-#   a multiprocessor's shared memory, so no second program hides its latency; fewer, wider
-#   programs do the same work with half the loads. The gate sums come from one small launch
-#   before the chunk kernels, so no scan sits in the sequential loop.
+#   recorded run): each program applies the decays inside its sequential loop and, with that
+#   loop's loads pipelined (§4), needs more than half a multiprocessor's shared memory, so no
+#   second program hides its latency; fewer, wider programs do the same work with half the
+#   loads. The gate sums come from one small launch before the chunk kernels, so no scan sits in
+#   the sequential loop.
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
 #   lines above list where each op meets it. In the recorded run GLA with per-dimension gates is
 #   ahead at every length, mostly through the split of §3b: for these gates the intra kernel has
@@ -740,8 +740,7 @@ else:
 #   states costs a fixed ~0.13 ms of traffic at the benchmark size (estimated) and fills the GPU
 #   at any $T$. On an H200 fused wins for linear attention while its grid is full and states
 #   beyond, and so does per-head GLA once its program takes all of $V$; with per-dimension gates
-#   states wins at every $T$. `mode="auto"`
-#   encodes that rule.
+#   states wins at every $T$. `mode="auto"` encodes that rule.
 # * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
 #   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
 # * Against FLA and softmax attention (recorded run on an H200, §6–7): linear attention is ahead
