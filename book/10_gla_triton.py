@@ -80,7 +80,7 @@ DEV = linattn.device.default_device()
 #
 # | kernel | grid (programs) | sequential over chunks? | what it computes |
 # |---|---|---|---|
-# | `_local_cumsum_kernel` | (columns of $H\cdot K$, chunk, batch) | no | $b$, float32 (per-dimension gates) |
+# | `_local_cumsum_kernel` | (columns of $H\cdot K$ or $H$, chunk, batch) | no | $b$, float32 (either gate shape) |
 # | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $A$, $[B,T,H,C]$ float32: secondary chunking (past the split's bound, §3b) |
 # | `_states_kernel` | (K-block, V-block, batch·head) | **yes** | the state entering every chunk, $[B,H,N_T,K,V]$ |
 # | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$ per chunk ($A$ itself within the bound) |
@@ -92,9 +92,8 @@ DEV = linattn.device.default_device()
 # the intra kernel fill all of it. One load, $b$ at the chunk's last token (`gated._split_flag`,
 # read by both kernels), decides, so every chunk's $A$ is built exactly once. For
 # per-head gates the decay leaves the sum over $\kappa$, so $A = (QK^\top)\odot e^{\,b_t-b_s}$ is one
-# matmul inside the output step, the intra kernel is skipped, and the $C$ gates of a chunk are
-# summed inside each kernel that loads them (no $b$ in memory); for linear attention ($g=0$) the
-# same kernels run with the gate compiled out (chapter 09).
+# matmul inside the output step and the intra kernel is skipped; for linear attention ($g=0$) the
+# same kernels run with the gate compiled out and no $b$ at all (chapter 09).
 #
 # A design that lost: the per-dimension case can also run without $A$ and $b$ in memory, each
 # kernel summing its own gates and the output kernel building the secondary-chunking tiles of $A$
@@ -102,7 +101,13 @@ DEV = linattn.device.default_device()
 # 2026-11-21) that version took 3.24 ms against about 1.8–1.9 ms for separate kernels; its state
 # pass alone took 0.69 ms, three times FLA's 0.22 ms for the same step (a likely reason: its
 # `tl.cumsum` of a $[C, 64]$ tile runs across warps in every chunk step, where a states kernel
-# just reads $b$). Saving memory traffic is not always saving time. The split of §3b does get $A$
+# just reads $b$). Saving memory traffic is not always saving time. Dropping $b$ alone, with $A$
+# built as it is now, loses too. With `tl.cumsum` in each kernel the forward took 0.815 ms
+# against 0.747 (the state pass 0.346 ms against 0.241). With the sums as tensor-core products
+# instead — a $0/1$ triangle times the gate tile, exact in bf16 — it took 2.14 ms: state pass
+# 0.89 ms, output kernel 1.23 against 0.35 (H200, bf16, $T=1024$, $B=32$, $H=16$, $K=V=128$,
+# triton 3.6, 2026-11-23; we did not find out why the products cost that much). The separate
+# launch that writes $b$ costs 0.125 ms and stays. The split of §3b does get $A$
 # on chip, for the chunks of trained models, and at lower cost: one tensor-core product per chunk
 # instead of tiles and a row walk, with $b$ still summed once.
 
@@ -123,12 +128,13 @@ print(f"programs — intra: {C // c * NT * B * H}, states pass: {B * H} × K/V b
 #
 # For per-dimension gates the first kernel views $g$ as $[B, T, H\cdot K]$, loads a $[C, 128]$
 # tile per program and writes its running sum down the rows (`tl.cumsum`), restarting at every
-# chunk. It is cheap (one read, one write) and lets every later kernel read $b$ for any row it
-# needs, rather than recomputing a prefix sum. (Per-head gates are $C$ numbers per chunk: there
-# each kernel sums them itself. The state step needs $b_\text{last}-b_s = \sum_{u>s} g_u$; it
-# loads the gates one row down and sums them from the end, `tl.cumsum(g_next, 0, reverse=True)`,
-# which is exactly 0 on the last row and keeps its rounding error proportional to its own size,
-# as chapter 03's `decay.suffix` does.) Check $b$ against the PyTorch helper of chapter 03:
+# chunk: one read of $g$ and one float32 write, and every later kernel reads $b$ for any row it
+# needs rather than recomputing a prefix sum. Per-head gates ($C$ numbers per chunk and head) go
+# through the same kernel with $g$ viewed as $[B, T, H]$. Scanning them inside the state pass
+# instead, in its sequential loop over chunks, put 27 barriers and 21 shuffles per chunk on the
+# loop's critical path (sm_90) against 17 and none, and the per-head forward took 0.69 / 1.07 ms
+# at $T$ = 16k / 32k against 0.60 / 0.88 ms with the separate launch (H200, bf16, $K=V=128$).
+# Check $b$ against the PyTorch helper of chapter 03:
 
 # %%
 b = gated.local_cumsum(g, C)
