@@ -101,15 +101,10 @@ DEV = linattn.device.default_device()
 # 2026-11-21) that version took 3.24 ms against about 1.8–1.9 ms for separate kernels; its state
 # pass alone took 0.69 ms, three times FLA's 0.22 ms for the same step (a likely reason: its
 # `tl.cumsum` of a $[C, 64]$ tile runs across warps in every chunk step, where a states kernel
-# just reads $b$). Saving memory traffic is not always saving time. Dropping $b$ alone, with $A$
-# built as it is now, loses too. With `tl.cumsum` in each kernel the forward took 0.815 ms
-# against 0.747 (the state pass 0.346 ms against 0.241). With the sums as tensor-core products
-# instead — a $0/1$ triangle times the gate tile, exact in bf16 — it took 2.14 ms: state pass
-# 0.89 ms, output kernel 1.23 against 0.35 (H200, bf16, $T=1024$, $B=32$, $H=16$, $K=V=128$,
-# triton 3.6, 2026-11-23; we did not find out why the products cost that much). The separate
-# launch that writes $b$ costs 0.125 ms and stays. The split of §3b does get $A$
-# on chip, for the chunks of trained models, and at lower cost: one tensor-core product per chunk
-# instead of tiles and a row walk, with $b$ still summed once.
+# just reads $b$). Saving memory traffic is not always saving time (§6 measures two ways of
+# dropping $b$ alone: both lost too). The split of §3b does get $A$ on chip, for the chunks of
+# trained models, and at lower cost: one tensor-core product per chunk instead of tiles and a row
+# walk, with $b$ still summed once.
 
 # %%
 B, T, H, K, V = 1, pick(cpu=90, gpu=2000), 2, 32, 48
@@ -549,9 +544,12 @@ else:
 #   the raw gates inside each kernel instead of in a launch of their own (no $b$ written or read)
 #   was slower still: the scan in the sequential state loop took the state pass from 0.24 to
 #   0.35 ms, and each intra program summing its whole chunk to decide the split took 0.11 ms
-#   instead of 0.02 (0.82 ms in all). Per-head GLA is a few percent ahead of FLA up to 4k (the
-#   fused mode), level at 8k–16k, where both spend their time in the same two steps, the state
-#   pass and the output, and ahead at 32k.
+#   instead of 0.02 (0.82 ms in all). The same sums as tensor-core products — a $0/1$ triangle
+#   times the gate tile, exact for bf16 gates — with the split decided once per chunk by the
+#   state pass were slower again: state pass 0.89 ms, output kernel 1.23 (2.14 ms in all; we did
+#   not find out why). Per-head GLA is a few percent ahead of FLA up to 4k (the fused mode),
+#   level at 8k–16k, where both spend their time in the same two steps, the state pass and the
+#   output, and ahead at 32k.
 # * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
 #   `chunk_gla` 7–11×), still short of the aim of 3×. What is left is mostly traffic the floor
 #   does not count: the float32 gates are summed once more into $b$, written, and read back by
