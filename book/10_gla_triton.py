@@ -101,10 +101,10 @@ DEV = linattn.device.default_device()
 # 2026-11-21) that version took 3.24 ms against about 1.8–1.9 ms for separate kernels; its state
 # pass alone took 0.69 ms, three times FLA's 0.22 ms for the same step (a likely reason: its
 # `tl.cumsum` of a $[C, 64]$ tile runs across warps in every chunk step, where a states kernel
-# just reads $b$). Saving memory traffic is not always saving time (§6 measures two ways of
-# dropping $b$ alone: both lost too). The split of §3b does get $A$ on chip, for the chunks of
-# trained models, and at lower cost: one tensor-core product per chunk instead of tiles and a row
-# walk, with $b$ still summed once.
+# just reads $b$). Saving memory traffic is not always saving time (§6 measures ways of dropping
+# $b$ alone). The split of §3b does get $A$ on chip, for the chunks of trained models, and at
+# lower cost: one tensor-core product per chunk instead of tiles and a row walk, with $b$ still
+# summed once.
 
 # %%
 B, T, H, K, V = 1, pick(cpu=90, gpu=2000), 2, 32, 48
@@ -544,10 +544,13 @@ else:
 #   the raw gates inside each kernel instead of in a launch of their own (no $b$ written or read)
 #   was slower still: the scan in the sequential state loop took the state pass from 0.24 to
 #   0.35 ms, and each intra program summing its whole chunk to decide the split took 0.11 ms
-#   instead of 0.02 (0.82 ms in all). The same sums as tensor-core products — a $0/1$ triangle
-#   times the gate tile, exact for bf16 gates — with the split decided once per chunk by the
-#   state pass were slower again: state pass 0.89 ms, output kernel 1.23 (2.14 ms in all; we did
-#   not find out why). Per-head GLA is a few percent ahead of FLA up to 4k (the fused mode),
+#   instead of 0.02 (0.82 ms in all). The sums can also be products — a $0/1$ triangle times
+#   the gate tile, exact in any dtype since every product is a gate or 0 — with the split decided
+#   once per chunk by the state pass. The gates here are float32, and an exact float32 product
+#   (`input_precision="ieee"`) does not run on the tensor cores: 2.14 ms (state pass 0.89, output
+#   1.23). Split into three bf16 parts (exact: 3 × 8 bits of significand) it does: 0.676 ms of
+#   kernels (output 0.352 + states 0.285 + intra 0.038) against 0.747 — a lead the library has
+#   not taken, since that version did not yet pass its tests natively. Per-head GLA is a few percent ahead of FLA up to 4k (the fused mode),
 #   level at 8k–16k, where both spend their time in the same two steps, the state pass and the
 #   output, and ahead at 32k.
 # * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
