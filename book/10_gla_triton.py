@@ -544,15 +544,15 @@ else:
 #   the raw gates inside each kernel instead of in a launch of their own (no $b$ written or read)
 #   was slower still: the scan in the sequential state loop took the state pass from 0.24 to
 #   0.35 ms, and each intra program summing its whole chunk to decide the split took 0.11 ms
-#   instead of 0.02 (0.82 ms in all). The sums can also be products — a $0/1$ triangle times
-#   the gate tile, exact in any dtype since every product is a gate or 0 — with the split decided
+#   instead of 0.02 (0.82 ms in all). The sums can also be products — a $0/1$ triangle times the
+#   gate tile, each product exact in the gates' own dtype (a gate or 0) — with the split decided
 #   once per chunk by the state pass. The gates here are float32, and an exact float32 product
 #   (`input_precision="ieee"`) does not run on the tensor cores: 2.14 ms (state pass 0.89, output
 #   1.23). Split into three bf16 parts (exact: 3 × 8 bits of significand) it does: 0.676 ms of
-#   kernels (output 0.352 + states 0.285 + intra 0.038) against 0.747 — a lead the library has
-#   not taken, since that version did not yet pass its tests natively. Per-head GLA is a few percent ahead of FLA up to 4k (the fused mode),
-#   level at 8k–16k, where both spend their time in the same two steps, the state pass and the
-#   output, and ahead at 32k.
+#   kernels (output 0.352 + states 0.285 + intra 0.038) against 0.747 — a lead the library has not
+#   taken: that version has not yet passed its tests on the GPU. Per-head GLA is a few percent ahead
+#   of FLA up to 4k (the fused mode), level at 8k–16k, where both spend their time in the same two
+#   steps, the state pass and the output, and ahead at 32k.
 # * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
 #   `chunk_gla` 7–11×), still short of the aim of 3×. What is left is mostly traffic the floor
 #   does not count: the float32 gates are summed once more into $b$, written, and read back by
