@@ -240,11 +240,25 @@ def sdpa_call(T: int, *, tokens=32768, H=16, D=128, dtype=torch.bfloat16, device
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows, else "CPU". Recorded CPU
+    runs name it: a chunk forward made of matrix products against a token loop bound by Python's
+    per-step cost is a ratio of two different kinds of speed, and it moves from one CPU to another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
 def environment() -> dict:
     """Device, date and versions: stored with every recorded result."""
     import triton
 
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     # The day, not the hour: a recorded run is quoted in the book by its setting; which commit ran
     # it belongs in docs/perf_notes.md and the git log.
     return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),

@@ -167,9 +167,11 @@ def scan_(buf, gamma, S, reverse=False):
     """
     N = buf.shape[2]
     for n in (reversed(range(N)) if reverse else range(N)):
-        add = buf[:, :, n].clone()                                    # [B, H, K, V]
-        buf[:, :, n] = S
-        S = add.add_(S) if gamma is None else add.addcmul_(gamma[:, :, n, :, None], S)  # diag(γ) S
+        # the next X into a fresh tensor, then the entering X over buf[n]: one copy per chunk (a
+        # clone of buf[n] to add into was a second; each is a call of its own on a CPU)
+        nxt = buf[:, :, n] + S if gamma is None else torch.addcmul(buf[:, :, n], gamma[:, :, n, :, None], S)
+        buf[:, :, n] = S                                              # [B, H, K, V]
+        S = nxt
     return S
 
 
