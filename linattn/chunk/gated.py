@@ -167,8 +167,8 @@ def scan_(buf, gamma, S, reverse=False):
     """
     N = buf.shape[2]
     for n in (reversed(range(N)) if reverse else range(N)):
-        # the next X into a fresh tensor, then the entering X over buf[n]: one copy per chunk (a
-        # clone of buf[n] to add into was a second; each is a call of its own on a CPU)
+        # the next X into a fresh tensor, then the entering X over buf[n]: one copy per chunk
+        # (cloning buf[n] to add into would be a second, and on a CPU each is a call of its own)
         nxt = buf[:, :, n] + S if gamma is None else torch.addcmul(buf[:, :, n], gamma[:, :, n, :, None], S)
         buf[:, :, n] = S                                              # [B, H, K, V]
         S = nxt
