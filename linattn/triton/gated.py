@@ -573,6 +573,9 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     """
     B, T, H, K = d.B, d.T, d.H, d.K
     COMPUTE = compute_dtype(q.dtype)
+    # the diagonal row walk exponentiates raw gates, and Triton's exp compiles for float32/float64
+    # only: half-precision gates are widened first (one pass over g), as the decoding step does
+    g = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
     q, k, g = contiguous(q, k, g)
     b = local_cumsum(g, C) if b is None else b
     A = (outputs.empty if skip_split else torch.empty)((B, T, H, C), dtype=torch.float32, device=q.device)
