@@ -96,6 +96,21 @@ def test_gradients_match_float64_autograd(op, gate, dtype, recompute):
     check(op, gate, SHAPE, dtype=dtype, recompute=recompute, seed=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("op,gate", OPS[1:], ids=OP_IDS[1:])
+def test_half_precision_gates(op, gate, dtype):
+    # g in the inputs' half precision, as a bf16 model trains with it (the other tests pass float32
+    # gates): natively every backward kernel that reads raw gates must compile for them, and dg
+    # comes back in g's dtype (assert_grads)
+    B, T, H, K, V, C, c = SHAPE
+    args = inputs(op, gate, B, T, H, K, V, dtype=dtype, seed=13)
+    args["g"] = args["g"].to(dtype)
+    names = names_of(args)
+    w_o, w_S = weights(args)
+    got = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c))
+    assert_grads(got, reference(op, args, names, w_o, w_S), args, GRAD_TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("op,gate", OPS[1:], ids=OP_IDS[1:])
 def test_strong_gates_stay_finite_and_accurate(op, gate):
     # log-gates down to −20 per step: e^{b} of a chunk is far below float32's range

@@ -147,11 +147,12 @@ def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c
     R_hi = tl.zeros_like(k_hi)
     zeros = tl.zeros([HALF], dtype=tl.float32)
     q_t = tl.load(q_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0)        # [BK]
-    g_t = tl.load(g_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0)        # [BK]
+    # raw gates in their own dtype, widened on load: Triton's exp takes float32/float64 only
+    g_t = tl.load(g_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0).to(tl.float32)  # [BK]
     for t in range(HALF):                       # rows 0 … c/2 − 1: every key s ≤ t in the first half
         nxt = kmask & (s0 + t + 1 < T)
         q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
-        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0).to(tl.float32)
         R_lo = tl.where(h[:, None] == t, k_lo, R_lo * tl.exp(g_t)[None, :])
         p = a_row0 + t * s_a + h
         tl.store(p, tl.sum(R_lo * q_t.to(tl.float32)[None, :], axis=1), mask=s0 + t < T)
@@ -160,7 +161,7 @@ def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c
     for t in range(HALF, c):                    # rows c/2 … c − 1: the first half only decays
         nxt = kmask & (t + 1 < c) & (s0 + t + 1 < T)
         q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
-        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
+        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0).to(tl.float32)
         e = tl.exp(g_t)[None, :]
         qf = q_t.to(tl.float32)[None, :]
         R_lo = R_lo * e
@@ -573,9 +574,6 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     """
     B, T, H, K = d.B, d.T, d.H, d.K
     COMPUTE = compute_dtype(q.dtype)
-    # the diagonal row walk exponentiates raw gates, and Triton's exp compiles for float32/float64
-    # only: half-precision gates are widened first (one pass over g), as the decoding step does
-    g = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
     q, k, g = contiguous(q, k, g)
     b = local_cumsum(g, C) if b is None else b
     A = (outputs.empty if skip_split else torch.empty)((B, T, H, C), dtype=torch.float32, device=q.device)
