@@ -286,7 +286,7 @@ assert testing.rel_err(dg, truth["g"]) < 1e-4 < testing.rel_err(restart, truth["
 # $K=V=128$) the reverse pass's blocks of 64 make $4\cdot 16\cdot B$ programs, and
 # $B = 32768/T$ falls as sequences grow. The state recomputation is the forward's state pass,
 # with its block shapes (`gated.state_config`: for per-dimension gates $32\times128$, or
-# $32\times64$ once that would leave half the multiprocessors idle). The other kernels have a program per chunk (or row block, or sub-chunk), so
+# $16\times128$ once that would leave half the multiprocessors idle). The other kernels have a program per chunk (or row block, or sub-chunk), so
 # their grid stays the same at every $T$. The figure counts the programs each kernel launches,
 # from the same block sizes the library uses, against the 132 multiprocessors of an H100/H200:
 

@@ -186,11 +186,12 @@ def test_block_and_mode_rules(monkeypatch):
     assert gated.choose_mode("auto", gated.HEAD_GATE, 4, 16, 128, 128) == "states"   # T = 8k: 64 programs
     assert gated.choose_mode("auto", gated.HEAD_GATE, 32, 16, 128, 128, ieee=True) == "states"
     assert gated.choose_mode("auto", gated.DIM_GATE, 32, 16, 128, 128) == "states"
-    # state pass: narrower blocks and 4 stages only while 64×64 blocks leave half the SMs idle
+    # state pass: narrower blocks only while 64×64 blocks leave half the SMs idle
     assert gated.state_config(128, 128, 16, gated.HEAD_GATE, sms=132) == (32, 64, 4)    # T = 32k
     assert gated.state_config(128, 128, 16, gated.NO_GATE, sms=132) == (64, 32, 4)
-    assert gated.state_config(128, 128, 32, gated.HEAD_GATE, sms=132) == (64, 64, 3)    # T = 16k
-    assert gated.state_config(128, 128, 16, gated.DIM_GATE, sms=132) == (32, 64, 3)
+    assert gated.state_config(128, 128, 32, gated.HEAD_GATE, sms=132) == (64, 64, 4)    # T = 16k
+    assert gated.state_config(128, 128, 32, gated.NO_GATE, sms=132) == (64, 64, 3)
+    assert gated.state_config(128, 128, 16, gated.DIM_GATE, sms=132) == (16, 128, 3)
     assert gated.state_config(128, 128, 32, gated.DIM_GATE, sms=132) == (32, 128, 3)
     assert gated.state_config(16, 16, 1, gated.DIM_GATE, sms=132) == (16, 16, 3)      # never past K, V
 

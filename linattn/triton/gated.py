@@ -427,25 +427,26 @@ def blocks(K: int, V: int):
 
 
 def state_config(K: int, V: int, BH: int, gate: int, sms=None):
-    """(BK, BV, pipeline stages) of the state pass (`chunk_states`). From a sweep on an H200 (bf16,
+    """(BK, BV, pipeline stages) of the state pass (`chunk_states`). From sweeps on an H200 (bf16,
     K = V = 128, 16 heads, 32768 tokens, T = 1k–32k; docs/perf_notes.md), state pass alone:
     - while 64×64 blocks give at most half the SMs a program (B·H = 16 here), a narrower block
       and 4 stages: per-head gates 32×64 (0.28 ms against 0.39 for 64×64), no gate 64×32 (0.22
       against 0.30; 32×64 took 0.53);
     - per-dimension gates hold a float32 gate tile as large as the key tile, which a program of
-      BK = 32 and all of V loads once instead of once per V-block: 32×128 took 0.24–0.34 ms at
-      T ≤ 16k against 0.32–0.46 for 64×64, and 32×64 0.62 against 0.94 at 32k (few programs);
-    - otherwise 64×64 and 3 stages (4 stages was faster at some lengths and slower at others, by up
-      to 20 % either way)."""
+      all of V loads once instead of once per V-block: 32×128 took 0.24–0.34 ms at T ≤ 16k
+      against 0.32–0.46 for 64×64; with few programs, 16×128 (as many programs as 32×64, each
+      loading its gates once) 0.51 ms at 32k against 0.63 for 32×64 and 0.93 for 64×64;
+    - otherwise 64×64, with 4 stages for per-head gates (0.405 / 0.451 ms for the whole call at
+      T = 8k / 16k against 0.416 / 0.463 with 3) and 3 without gates."""
     sms = num_sms() if sms is None else sms
     few = BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
     narrow = max(16, STATE_BLOCK // 2)
     if gate == DIM_GATE:
-        BK, BV, stages = narrow, STATE_BLOCK if few else 2 * STATE_BLOCK, 3
+        BK, BV, stages = max(16, narrow // 2) if few else narrow, 2 * STATE_BLOCK, 3
     elif few:
         BK, BV, stages = (narrow, STATE_BLOCK, 4) if gate == HEAD_GATE else (STATE_BLOCK, narrow, 4)
     else:
-        BK, BV, stages = STATE_BLOCK, STATE_BLOCK, 3
+        BK, BV, stages = STATE_BLOCK, STATE_BLOCK, 4 if gate == HEAD_GATE else 3
     return min(block(K), BK), min(block(V), BV), stages
 
 
