@@ -356,10 +356,13 @@ assert unwritten and written and not takes[:, 1].any() and takes[:, torch.arange
 # state pass alone: at $B\cdot H = 16$ ($T = 32\text{k}$), $64\times64$ blocks make only 64
 # programs for 132 multiprocessors, and narrower ones pay — per-head gates 0.28 ms with
 # $32\times64$ blocks and four stages against 0.39, linear attention 0.22 with $64\times32$
-# against 0.30, per-dimension gates 0.62 with $32\times64$ against 0.94. Per-dimension gates
-# also carry a float32 gate tile as large as the key tile, which a $32\times128$ program loads
-# once rather than once per V-block: 0.24–0.34 ms against 0.32–0.46 for $64\times64$ at
-# $T \le 16\text{k}$. `gated.state_config` holds these rules. The stored state of chunk $n$ must
+# against 0.30. Per-dimension gates also carry a float32 gate tile as large as the key tile,
+# which a program holding all of V loads once rather than once per V-block: $32\times128$ takes
+# 0.24–0.34 ms against 0.32–0.46 for $64\times64$ at $T \le 16\text{k}$, and at $32\text{k}$
+# $16\times128$ (as many programs as $32\times64$) 0.51 ms against 0.63 for $32\times64$ and 0.93
+# for $64\times64$. Per-head gates take four pipeline stages once $64\times64$ blocks fill the GPU
+# (the whole call 0.405 / 0.451 ms at $T = 8\text{k}$ / $16\text{k}$ against 0.416 / 0.463 with three).
+# `gated.state_config` holds these rules. The stored state of chunk $n$ must
 # equal the recurrence's state after $nC$ tokens:
 
 # %%
@@ -550,11 +553,16 @@ else:
 #   (`input_precision="ieee"`) does not run on the tensor cores: 2.14 ms (state pass 0.89, output
 #   1.23). Split into three bf16 parts (exact: 3 × 8 bits of significand) it does: 0.676 ms of
 #   kernels (output 0.352 + states 0.285 + intra 0.038) against 0.747 — a lead the library has not
-#   taken: that version has not yet passed its tests on the GPU. Per-head GLA is a few percent ahead
-#   of FLA up to 4k (the fused mode), level at 8k–16k, where both spend their time in the same two
-#   steps, the state pass and the output, and ahead at 32k.
-# * **Against the memory floor.** GLA is now about 4–6× the floor (printed above; FLA's
-#   `chunk_gla` 7–11×), still short of the aim of 3×. What is left is mostly traffic the floor
+#   taken: that version has not passed its tests on the GPU. A smaller step, the state pass
+#   summing its gates with those products and writing $b$ for the other kernels in place of the
+#   launch, passed them and gained little: 0.727 ms at $T = 1$k (states 0.347), and at 32k, where
+#   128 programs each walk 512 chunks, the products in the sequential loop cost more than the
+#   launch they replace (states 0.83 against 0.63 ms). Per-head GLA is ahead of FLA at every
+#   length: a few percent at 8k–16k, where both spend their time in the same two steps, the state
+#   pass and the output (ours with four pipeline stages in the state pass), more up to 4k (the
+#   fused mode) and at 32k.
+# * **Against the memory floor.** GLA is now about 4–5.5× the floor (printed above; FLA's
+#   `chunk_gla` 8–9×), still short of the aim of 3×. What is left is mostly traffic the floor
 #   does not count: the float32 gates are summed once more into $b$, written, and read back by
 #   the state pass and the output kernel; the states are written and read back; $k$ and $v$ are
 #   read by both the state pass and the output. At the recorded copy bandwidth those passes come
@@ -751,10 +759,10 @@ else:
 # * The sequential state pass is pipelined only if every load in its loop feeds a `tl.dot`
 #   operand; with few (batch, head) pairs, narrower state blocks give idle multiprocessors work.
 # * Against FLA and softmax attention (recorded run on an H200, §6–7): linear attention is ahead
-#   of FLA at every length; per-head GLA is level with FLA and ahead at the longest; per-dimension
+#   of FLA at every length, and so is per-head GLA (by a few percent at 8k–16k); per-dimension
 #   GLA takes about 0.5–0.6 of FLA's time at every length, mostly through the split, and
 #   overtakes causal SDPA from 4k — the paper's Figure 2, left, in shape, not yet at the crossing
-#   we aim for (2k). It is about 4–6× the memory floor; the rest is mostly traffic.
+#   we aim for (2k). It is about 4–5.5× the memory floor; the rest is mostly traffic.
 # * The chunk size trades intra work ($\propto C$) against the length of the sequential pass
 #   ($\propto T/C$): the paper's Figure 2, right. In the recorded sweep ($C = 16\dots256$) inter
 #   falls to $C = 64$ and then rises slightly, intra rises from 64 to 256 as in the paper and is
