@@ -69,11 +69,13 @@ def log_gates(shape, strength="normal", *, generator=None, device="cpu") -> torc
 
 
 def make_inputs(op: str, *, B=2, T=100, H=2, K=32, V=48, dtype=torch.float32, device="cpu",
-                gate="per_dim", strength="normal", initial_state=False, seed=0) -> dict:
+                gate="per_dim", strength="normal", initial_state=False, seed=0,
+                gate_dtype=torch.float32) -> dict:
     """Keyword arguments for `op` ('linear_attn', 'gla', 'delta_rule', 'kda') with random values.
 
     gate='per_head' gives g of shape [B,T,H] (RetNet/Mamba-2, Gated DeltaNet), 'per_dim' [B,T,H,K]
     (GLA, KDA). Delta-rule keys are L2-normalised and β ∈ (0, 1), as those models produce them.
+    g and β come in gate_dtype: float32 unless a test passes them as a bf16 model does, in its dtype.
     """
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
@@ -84,12 +86,12 @@ def make_inputs(op: str, *, B=2, T=100, H=2, K=32, V=48, dtype=torch.float32, de
     args = {}
     if op in ("delta_rule", "kda"):
         k = F.normalize(k, dim=-1)
-        args["beta"] = torch.rand(B, T, H, generator=gen).to(device)
+        args["beta"] = torch.rand(B, T, H, generator=gen).to(device, gate_dtype)
     elif op not in ("linear_attn", "gla"):
         raise ValueError(f"op must be linear_attn, gla, delta_rule or kda, got {op!r}")
     if op in ("gla", "kda"):
         shape = (B, T, H) if gate == "per_head" else (B, T, H, K)
-        args["g"] = log_gates(shape, strength, generator=gen).to(device)
+        args["g"] = log_gates(shape, strength, generator=gen).to(device, gate_dtype)
     args.update(q=q.to(device, dtype), k=k.to(device, dtype), v=v.to(device, dtype))
     if initial_state:
         args["initial_state"] = rnd(B, H, K, V).to(device)

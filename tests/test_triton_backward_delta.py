@@ -30,11 +30,11 @@ if GPU:  # head dimensions of real models, longer sequences
 
 
 def inputs(op, gate, B, T, H, K, V, dtype, *, strength="normal", beta_max=1.0, initial_state=True,
-           seed=0):
+           seed=0, gate_dtype=torch.float32):
     """Library inputs on DEV; β ∈ (0, beta_max) with unit keys, so β‖k‖² ≤ beta_max ≤ 2."""
     a = testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV,
                             gate=gate or "per_dim", strength=strength,
-                            initial_state=initial_state, seed=seed)
+                            initial_state=initial_state, seed=seed, gate_dtype=gate_dtype)
     a["beta"] = a["beta"] * beta_max
     return a
 
@@ -97,8 +97,7 @@ def test_half_precision_gates_and_beta(op, gate, dtype):
     # pass float32): natively every backward kernel that reads them must compile for them (Triton's
     # exp takes float32/float64 only; the interpreter does not check)
     B, T, H, K, V = (1, 300, 2, 64, 64) if GPU else (1, 40, 2, 16, 32)
-    a = inputs(op, gate, B, T, H, K, V, dtype)
-    a.update({n: a[n].to(dtype) for n in ("g", "beta") if n in a})
+    a = inputs(op, gate, B, T, H, K, V, dtype, gate_dtype=dtype)
     dO, dS = upstream(a)
     ref, _ = reference(op, a, dO, dS)
     got, _ = ours(op, a, dO, dS, chunk_size=64 if GPU else 16)

@@ -29,8 +29,9 @@ OPS = [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")]
 OP_IDS = ["linear", "per_head", "per_dim"]
 
 
-def inputs(op, gate, B, T, H, K, V, *, dtype=torch.float32, strength="normal", seed=0):
-    kw = {"gate": gate, "strength": strength} if op == "gla" else {}
+def inputs(op, gate, B, T, H, K, V, *, dtype=torch.float32, strength="normal", seed=0,
+           gate_dtype=torch.float32):
+    kw = {"gate": gate, "strength": strength, "gate_dtype": gate_dtype} if op == "gla" else {}
     return testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV, initial_state=True,
                                seed=seed, **kw)
 
@@ -103,8 +104,7 @@ def test_half_precision_gates(op, gate, dtype):
     # gates): natively every backward kernel that reads raw gates must compile for them (Triton's
     # exp takes float32/float64 only; the interpreter does not check)
     B, T, H, K, V, C, c = SHAPE
-    args = inputs(op, gate, B, T, H, K, V, dtype=dtype, seed=13)
-    args["g"] = args["g"].to(dtype)
+    args = inputs(op, gate, B, T, H, K, V, dtype=dtype, seed=13, gate_dtype=dtype)
     names = names_of(args)
     w_o, w_S = weights(args)
     got = grads(getattr(lt, op), args, names, w_o, w_S, **triton_kw(op, C, c))

@@ -28,14 +28,12 @@ if GPU:  # head dimensions of real models, longer sequences, every chunk size
     SHAPES += [("kda", "per_dim", 1, 700, 3, 64, 256, 32), ("kda", "per_head", 1, 700, 3, 32, 64, 16)]
 
 
-def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0, half_gates=False):
-    """(triton result, float64 naive result), each (o, final state). half_gates: g and β in the
-    inputs' dtype, as a bf16 model produces them (float32 otherwise)."""
+def run(op, gate, B, T, H, K, V, C, dtype, strength="normal", initial_state=True, seed=0,
+        gate_dtype=torch.float32):
+    """(triton result, float64 naive result), each (o, final state)."""
     args = testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV,
                                gate=gate or "per_dim", strength=strength,
-                               initial_state=initial_state, seed=seed)
-    if half_gates:
-        args.update({n: args[n].to(dtype) for n in ("g", "beta") if n in args})
+                               initial_state=initial_state, seed=seed, gate_dtype=gate_dtype)
     ref = getattr(naive, op)(**testing.to_float64(args), output_final_state=True)
     with testing.poisoned():
         out = getattr(tri, op)(**args, output_final_state=True, chunk_size=C)
@@ -59,7 +57,7 @@ def test_half_precision_gates_and_beta(shape, dtype):
     """g and β in half precision (the other tests pass them in float32): natively every kernel that
     reads them must compile for them (Triton's exp takes float32/float64 only). The reference sees
     the same rounded values."""
-    (o, S), (o_ref, S_ref) = run(*shape, dtype, half_gates=True)
+    (o, S), (o_ref, S_ref) = run(*shape, dtype, gate_dtype=dtype)
     tol = testing.tolerance(dtype)
     assert testing.rel_err(o, o_ref) <= tol, testing.worst_position(o, o_ref)
     assert testing.rel_err(S, S_ref) <= tol

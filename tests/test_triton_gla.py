@@ -36,9 +36,10 @@ def assert_close(args, o, S):
     assert err_S <= testing.tolerance(dtype), f"final state: rel err {err_S:.2e}"
 
 
-def inputs(B, T, H, K, V, *, dtype=torch.float32, gate="per_dim", strength="normal", init=True, seed=0):
+def inputs(B, T, H, K, V, *, dtype=torch.float32, gate="per_dim", strength="normal", init=True, seed=0,
+           gate_dtype=torch.float32):
     return testing.make_inputs("gla", B=B, T=T, H=H, K=K, V=V, dtype=dtype, device=DEV, gate=gate,
-                               strength=strength, initial_state=init, seed=seed)
+                               strength=strength, initial_state=init, seed=seed, gate_dtype=gate_dtype)
 
 
 @pytest.mark.parametrize("mode", ["fused", "states"])
@@ -145,8 +146,7 @@ def test_half_precision_gates(gate, dtype, mode):
     float32 gates). Natively every kernel that reads raw gates must compile for them: Triton's exp
     takes float32/float64 only. The reference sees the same rounded gates."""
     B, T, H, K, V, C, c = SHAPE
-    args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, seed=5)
-    args["g"] = args["g"].to(dtype)
+    args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, seed=5, gate_dtype=dtype)
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
 
 
