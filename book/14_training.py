@@ -280,6 +280,14 @@ print("ranking by recall at n_max:", " > ".join(LABEL[n] for n in ranking))
 # $T = 3n$ tokens of the longest sequence. "CPU s" is the processor time of the training loop;
 # on a shared machine it is a fairer measure of the work than the wall-clock time.
 #
+# On a GPU the first model of each kind also pays for Triton compiling its kernels, forward and
+# backward — once per machine, since compiled kernels are cached on disk. There the table's times
+# are mostly compilation, not training: on an H200 (torch 2.11, triton 3.6, 2026-11-23), with an
+# empty cache, the first 60 steps and one evaluation took 25 s for linear attention, 50 s for
+# DeltaNet and 145 s for KDA (about 40 kernels each; KDA's, with their per-dimension gate walks,
+# are the slowest to compile), and every step after that 9, 15 and 16 ms — the 1000 steps
+# themselves take 9–16 s. Run the chapter a second time and the table shows that.
+#
 # ## 5. Recall against the number of pairs and the state size
 #
 # Each trained model answers fresh sequences with $n = 2 \dots 2n_{\max}$ pairs: up to $n_{\max}$
