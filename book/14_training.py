@@ -286,7 +286,7 @@ print("ranking by recall at n_max:", " > ".join(LABEL[n] for n in ranking))
 # empty cache, the first 60 steps and one evaluation took 25 s for linear attention, 50 s for
 # DeltaNet and 145 s for KDA (about 40 kernels each; KDA's, with their per-dimension gate walks,
 # are the slowest to compile), and every step after that 9, 15 and 16 ms — the 1000 steps
-# themselves take 9–16 s. Run the chapter a second time and the table shows that.
+# themselves take 9–16 s. Run the chapter a second time on the same machine and the table shows that.
 #
 # ## 5. Recall against the number of pairs and the state size
 #
