@@ -30,7 +30,11 @@ GRAD_TOLERANCE = {
 
 # Log-decay strengths, per step. "normal" is the benchmark setting (logsigmoid(randn)/16, as in
 # ANCHORS.md); "strong" reaches −20 per step, where a bare cumulative product underflows at once.
-GATE_STRENGTHS = ("weak", "normal", "strong")
+# The last three are gates real models produce: "logsigmoid" is GLA's gate without the /16 (≈ −0.8
+# per step), "mamba" the Mamba-2 / Gated DeltaNet / KDA parametrisation at its initialisation,
+# −exp(A_log)·softplus(x + dt_bias), and "reset" normal gates where about one token in twenty (per
+# batch row and head, every key dimension) forgets almost everything (g from −100 to −30).
+GATE_STRENGTHS = ("weak", "normal", "strong", "logsigmoid", "mamba", "reset")
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -65,7 +69,33 @@ def log_gates(shape, strength="normal", *, generator=None, device="cpu") -> torc
         return F.logsigmoid(x) / 16
     if strength == "strong":
         return -20.0 * torch.rand(shape, generator=generator, device=device)  # down to −20 per step
+    if strength == "logsigmoid":
+        return F.logsigmoid(x)
+    if strength == "mamba":
+        return _mamba_gates(x, generator)
+    if strength == "reset":
+        g = F.logsigmoid(x) / 16
+        token = shape[:3] if len(shape) > 3 else shape                 # [B, T, H]: all K dims reset
+        hit = torch.rand(token, generator=generator, device=device) < 0.05
+        depth = 30.0 + 70.0 * torch.rand(token, generator=generator, device=device)
+        hit, depth = (t.reshape(*token, *(1,) * (len(shape) - len(token))) for t in (hit, depth))
+        return torch.where(hit, -depth, g)
     raise ValueError(f"strength must be one of {GATE_STRENGTHS}, got {strength!r}")
+
+
+def _mamba_gates(x, generator):
+    """−exp(A_log)·softplus(x + dt_bias) with the initialisation of Mamba-2 and KDA: A = e^{A_log}
+    uniform in [1, 16] per head, dt log-uniform in [1e-3, 0.1] per head (and key dimension for
+    per-dimension gates), dt_bias = softplus⁻¹(dt). Per step from about −1e-3 to about −20.
+    x: [B, T, H] or [B, T, H, K] (other shapes: the parameters run over the last axis)."""
+    par = x.shape[2:] if x.dim() >= 3 else x.shape[-1:]                # [H] or [H, K]
+    dev = x.device
+    A = 1.0 + 15.0 * torch.rand(par[:1], generator=generator, device=dev)                 # [H]
+    lo, hi = torch.log(torch.tensor(1e-3)), torch.log(torch.tensor(0.1))
+    dt = torch.exp(lo + (hi - lo) * torch.rand(par, generator=generator, device=dev))      # [H(, K)]
+    dt_bias = dt + torch.log(-torch.expm1(-dt))                        # softplus(dt_bias) = dt
+    A = A.reshape(*A.shape, *(1,) * (len(par) - 1))
+    return -A * F.softplus(x + dt_bias)
 
 
 def make_inputs(op: str, *, B=2, T=100, H=2, K=32, V=48, dtype=torch.float32, device="cpu",
