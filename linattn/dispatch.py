@@ -3,9 +3,16 @@
 `impl="auto"` follows a preference set with `set_impl` (or by passing an exercise and choosing
 "mine"), else Triton for CUDA tensors and the chunkwise level on the CPU. `which(op)` tells what
 ran last, so a chapter can say which implementation produced its numbers.
+
+Keywords go to the level chosen. The tuning knobs chunk_size, sub_chunk_size, recompute and mode
+change how a result is computed, never what it is, so a level without one ignores it (one call runs
+at every level). Any other keyword the level does not take raises `KeywordError` (a TypeError and
+an InputError) naming it and its close match: `initial_sate=` is refused, not dropped, and so is
+`inter_dtype=` (which changes the rounding) at a level without it.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 
@@ -57,13 +64,62 @@ def resolve(op: str, impl: str, is_cuda: bool):
 
 def call(op: str, impl: str, args: tuple, kwargs: dict):
     fn, desc = resolve(op, impl, args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False)
+    kwargs = keywords(op, fn, desc, kwargs)
     _last[op] = desc
-    return fn(*args, **accepted(fn, kwargs))
+    return fn(*args, **kwargs)
+
+
+# Keywords that choose how a result is computed, never what it is: every chunk size, sub-chunk
+# size, recompute setting and Triton mode gives the same numbers. A level without them (the naive
+# recurrence has no chunks) ignores them, so one call can be sent to any level. Every other keyword
+# must be one the level takes: a misspelled `initial_sate=` dropped here would silently compute
+# from a zero state.
+KNOBS = frozenset({"chunk_size", "sub_chunk_size", "recompute", "mode"})
+
+
+class KeywordError(InputError, TypeError):
+    """An unknown keyword argument: a TypeError, as Python raises for one, and an InputError."""
+
+
+def keywords(op: str, fn, desc: str, kwargs: dict) -> dict:
+    """The keyword arguments of `linattn.<op>(...)` that `fn` (the level chosen) receives.
+
+    A keyword `fn` takes passes; a tuning knob it lacks (`KNOBS`: chunk_size, sub_chunk_size,
+    recompute, mode) is dropped; anything else raises KeywordError (a TypeError and an InputError)
+    naming it and, for a misspelling, the close match. A function taking **kwargs gets them all.
+    """
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    names = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    out = {}
+    for name, value in kwargs.items():
+        if name in names:
+            out[name] = value
+        elif name not in KNOBS:
+            raise KeywordError(_unknown(op, name, names, desc))
+    return out
+
+
+def _unknown(op, name, names, desc):
+    known = sorted(names | KNOBS | {"impl"})
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        hint = f"; did you mean {close[0]!r}?"
+    else:
+        hint = f"; it takes {', '.join(n for n in known if n not in _POSITIONAL)}"
+    if name in SEMANTIC or name == "inter_dtype":
+        return f"linattn.{op}: {desc.split(' (')[0]} does not take the keyword argument {name!r}{hint}"
+    return f"linattn.{op} got an unexpected keyword argument {name!r}{hint}"
+
+
+_POSITIONAL = {"q", "k", "v", "g", "beta"}
 
 
 def accepted(fn, kwargs):
-    # Tuning knobs (chunk_size, sub_chunk_size, ...) mean nothing to a level without chunks: drop
-    # them there. Semantic arguments always pass, so a level lacking one fails loudly.
+    """The kwargs `fn` takes, tuning knobs it lacks dropped (the graders call ground-truth
+    functions with a case's keywords this way). Semantic arguments always pass, so a function
+    lacking one fails loudly. `linattn.<op>` itself checks strictly (`keywords`)."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return kwargs
@@ -78,7 +134,10 @@ def _check(op, impl):
 
 
 def linear_attn(q, k, v, *, impl="auto", **kwargs):
-    """S_t = S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t. Returns (o, final_state or None)."""
+    """S_t = S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t. Returns (o, final_state or None).
+
+    Keywords go to the level `impl` picks; tuning knobs it lacks (chunk_size, sub_chunk_size,
+    recompute, mode) are ignored, any other keyword it lacks raises KeywordError (see `keywords`)."""
     return call("linear_attn", impl, (q, k, v), kwargs)
 
 

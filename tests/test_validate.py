@@ -85,3 +85,31 @@ def test_value_checks_by_device(monkeypatch):
     monkeypatch.setenv("LINATTN_CHECK_VALUES", "yes")
     with pytest.raises(InputError, match="LINATTN_CHECK_VALUES"):
         checking_values(cpu)
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunk"])
+@pytest.mark.parametrize("typo,meant", [("initial_sate", "initial_state"),
+                                        ("output_final_sate", "output_final_state"),
+                                        ("scal", "scale"), ("chunk_sise", "chunk_size")])
+def test_dispatcher_refuses_misspelled_keywords(impl, typo, meant):
+    # A dropped initial_sate= would run from a zero state: a silently wrong result.
+    args = testing.make_inputs("gla", T=8)
+    value = torch.zeros(2, 2, 32, 48) if "state" in typo and "final" not in typo else 1.0
+    with pytest.raises(InputError, match=f"'{typo}'.*did you mean '{meant}'"):
+        linattn.gla(**args, impl=impl, **{typo: value})
+    with pytest.raises(TypeError, match=typo):                # what Python raises for a bad keyword
+        linattn.gla(**args, impl=impl, **{typo: value})
+
+
+def test_dispatcher_keyword_rule():
+    # Tuning knobs (how, never what) are ignored by a level without them; a semantic keyword the
+    # level lacks is refused by name.
+    args = testing.make_inputs("gla", T=8)
+    o, _ = linattn.gla(**args, impl="naive", chunk_size=16, sub_chunk_size=8, recompute=False,
+                       mode="auto")
+    ref, _ = naive.gla(**args)
+    assert torch.equal(o, ref)
+    with pytest.raises(InputError, match="naive.gla does not take the keyword argument 'inter_dtype'"):
+        linattn.gla(**args, impl="naive", inter_dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="'bogus'"):
+        linattn.linear_attn(**good(), bogus=1)
