@@ -409,7 +409,7 @@ def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
     B, T = g.shape[:2]
     W = g[0, 0].numel()
-    b = torch.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
+    b = outputs.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
     BW = min(block(W), max(16, 8192 // chunk_size))
     _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
     return b
@@ -577,7 +577,7 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     COMPUTE = compute_dtype(q.dtype)
     q, k, g = contiguous(q, k, g)
     b = local_cumsum(g, C) if b is None else b
-    A = (outputs.empty if skip_split else torch.empty)((B, T, H, C), dtype=torch.float32, device=q.device)
+    A = (outputs.empty if skip_split else outputs.scratch)((B, T, H, C), dtype=torch.float32, device=q.device)
     last_launch["intra"] = _intra_kernel[(C // c, triton.cdiv(T, C), B * H)](
         q, k, g, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
         SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, num_stages=INTRA_STAGES)
@@ -600,7 +600,7 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
-    h = torch.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
+    h = outputs.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
     SK, SV, stages = state_config(K, V, B * H, gate)                   # every entry of h written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),

@@ -467,7 +467,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     bp = q if b is None else b                                          # an unused pointer without gates
 
     # 1. reverse pass over the chunks: D for every chunk, dinitial_state
-    dh = torch.empty((B, H, NT, K, V), dtype=h.dtype, device=dev)       # every entry written
+    dh = outputs.empty((B, H, NT, K, V), dtype=h.dtype, device=dev)       # every entry written
     ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
     dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
@@ -479,7 +479,7 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)
-    dA = torch.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
+    dA = outputs.empty((B, T, H, C), dtype=torch.float32, device=dev)    # every entry of rows < T written
     BVa = min(block(V), 64)
     with stage(timer, "dA"):
         last_launch["dA"] = launch(_dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR,
@@ -487,8 +487,8 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
 
     # 3. intra-chunk parts of dq, dk
     BK = min(block(K), GRAD_BLOCK)
-    dqi = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
-    dki = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)
+    dqi = outputs.empty((B, T, H, K), dtype=torch.float32, device=dev)
+    dki = outputs.empty((B, T, H, K), dtype=torch.float32, device=dev)
     with stage(timer, "intra dq, dk"):
         last_launch["intra"] = launch(
             _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp,
@@ -515,8 +515,8 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     db = tot = None
     NB = NT * (C // BR)                                                 # row blocks per sequence
     if gate != NO_GATE:
-        db = torch.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
-        tot = torch.empty((B, NB, H, K), dtype=torch.float32, device=dev)
+        db = outputs.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
+        tot = outputs.empty((B, NB, H, K), dtype=torch.float32, device=dev)
     BVq = min(block(V), GRAD_BLOCK)
     with stage(timer, "dq, dk"):
         # 8 warps: with 4, ptxas for sm_90 spilled 648 bytes per thread (bf16, K = 128, C = 64)
