@@ -6,6 +6,7 @@ the argument and what was expected, never deep inside a kernel or as a silently 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 
@@ -60,6 +61,66 @@ def refuse_grad(where: str, **tensors) -> None:
         _fail(f"{where} has no backward pass, but {', '.join(needy)} require(s) grad: the result "
               "would be detached from the graph. Use linattn.chunk (or impl='chunk') to train, "
               "or call under torch.no_grad() / pass detached tensors for inference.")
+
+
+class DoubleBackwardError(RuntimeError):
+    """A second derivative through a hand-written, first-order backward."""
+
+
+def first_order(where: str):
+    """Decorator for the `backward` of a hand-written autograd.Function (`where` names the
+    function, e.g. "linattn.chunk.gla"): the backward runs under no_grad, and when autograd asks for
+    a graph of it (create_graph=True) its gradients come back tied to a node that raises
+    DoubleBackwardError when differentiated. A hand-written backward is first-order: autograd
+    through its arithmetic would miss what it reads without a graph (kept chunk states, recomputed
+    factors) and give a wrong second derivative, so none is given.
+
+    Like torch.autograd.function.once_differentiable, but the refusal does not depend on whether the
+    incoming gradient requires grad (a second derivative through a gradient that does not would
+    otherwise come back silently without this function's terms), and it says what to use instead."""
+    def wrap(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            with torch.no_grad():
+                out = backward(ctx, *grads)
+            if not torch.is_grad_enabled():                          # create_graph=False
+                return out
+            single = not isinstance(out, tuple)
+            outs = (out,) if single else out
+            idx = [i for i, x in enumerate(outs) if isinstance(x, torch.Tensor)]
+            if not idx:
+                return out
+            # The node that refuses must lie on the path from the gradients to the inputs, or
+            # autograd.grad(..., inputs) would prune it and return the second derivative without
+            # this function's terms: its inputs are the saved inputs that require grad.
+            anchors = [x for x in ctx.saved_tensors if isinstance(x, torch.Tensor) and x.requires_grad]
+            refused = _Refuse.apply(where, len(idx), *(outs[i].detach() for i in idx), *anchors)
+            refused = refused if isinstance(refused, tuple) else (refused,)
+            outs = list(outs)
+            for i, x in zip(idx, refused):
+                outs[i] = x
+            return outs[0] if single else tuple(outs)
+        return wrapper
+    return wrap
+
+
+class _Refuse(torch.autograd.Function):
+    """(where, n, n gradients, anchors...) → the n gradients; differentiating them raises
+    DoubleBackwardError. The anchors (the Function's inputs) tie the node into the graph."""
+
+    @staticmethod
+    def forward(ctx, where, n, *xs):
+        ctx.where = where
+        ctx.mark_non_differentiable()
+        return xs[0].clone() if n == 1 else tuple(x.clone() for x in xs[:n])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise DoubleBackwardError(
+            f"{ctx.where}: the backward is hand-written and first-order, so it cannot be "
+            "differentiated twice (a second grad after create_graph=True would be wrong). For "
+            "gradients of gradients (a gradient penalty, Hessian-vector products) use "
+            "impl='naive' (linattn.naive), which autograd differentiates to any order.")
 
 
 @dataclass(frozen=True)

@@ -31,3 +31,26 @@ def test_refuse_grad_names_the_inputs():
     refuse_grad("f", y=y)                                  # nothing requires grad: fine
     with torch.no_grad():
         refuse_grad("f", x=x)                              # inference: fine
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize("impl", ["chunk", "triton"])
+@pytest.mark.parametrize("op,kw", CASES, ids=[f"{op}-{kw.get('gate', '')}" for op, kw in CASES])
+def test_hand_written_backwards_refuse_double_backward(op, kw, impl, recompute):
+    # The hand-written backwards are first-order: a second derivative through them must be refused
+    # with a message naming the alternative, never returned wrong (or silently missing terms).
+    from linattn.validate import DoubleBackwardError
+    args = testing.make_inputs(op, B=1, T=20, H=1, K=16, V=16, device=DEV, **kw)
+    q = args["q"].requires_grad_(True)
+    o, _ = getattr(linattn, op)(**args, impl=impl, chunk_size=16, recompute=recompute)
+    w = torch.randn_like(o)                                # an incoming gradient without a graph
+    dq, = torch.autograd.grad((o * w).sum(), q, create_graph=True)
+    with pytest.raises(DoubleBackwardError, match="impl='naive'"):
+        torch.autograd.grad(dq.square().sum() + q.square().sum(), q)
+
+
+def test_naive_level_is_differentiable_twice():
+    args = testing.make_inputs("gla", B=1, T=6, H=1, K=4, V=4, dtype=torch.float64)
+    q = args["q"].requires_grad_(True)
+    fn = lambda x: linattn.gla(**dict(args, q=x), impl="naive")[0].square().sum()  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, (q,))

@@ -42,10 +42,10 @@ U, W (the size of v and k): recomputing them would cost most of a forward. The c
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import outputs
 from ..naive.linear import initial
+from ..validate import first_order
 from . import delta
 
 
@@ -66,7 +66,7 @@ class DeltaChunkFunction(torch.autograd.Function):
         return o, S
 
     @staticmethod
-    @once_differentiable  # no double backward: it would run through tensors kept without a graph
+    @first_order("linattn.chunk.delta_rule / kda")  # kept factors have no graph: no 2nd derivative
     def backward(ctx, do, dS_final):
         q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
         grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C,
