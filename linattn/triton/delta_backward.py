@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 from .. import outputs
+from ..validate import first_order
 from .common import block, contiguous, launch, stage
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
@@ -92,7 +92,7 @@ class _DeltaFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    @once_differentiable       # the kernels build no graph: a second derivative raises, not 0
+    @first_order("linattn.triton.delta_rule / kda")   # kernels: no graph, a double backward raises
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0 = ctx.saved_tensors
         keep, ctx.keep = ctx.keep, None                   # kept tensors freed as soon as the backward ends

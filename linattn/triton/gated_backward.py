@@ -44,10 +44,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 from .. import outputs
-from ..validate import InputError
+from ..validate import InputError, first_order
 from .common import block, compute_dtype, contiguous, dot, launch, stage
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
@@ -598,7 +597,7 @@ class GatedAttention(torch.autograd.Function):
         return o, sT
 
     @staticmethod
-    @once_differentiable   # the kernels are not differentiable: a double backward raises instead of detaching
+    @first_order("linattn.triton.gla / linear_attn")   # kernels: no graph, a double backward raises
     def backward(ctx, do, dsT):
         q, k, v, g, s0, sT, h, A, b = ctx.saved_tensors
         d, C, c = ctx.cfg
