@@ -118,11 +118,34 @@ for op, names in ops.items():
 # %% [markdown]
 # Mamba-2 is the per-head case of `gla` (`g` of shape `[B, T, H]`), Gated DeltaNet the per-head
 # case of `kda`; the table's other rows ran above. **RWKV-7** has a diagonal-plus-low-rank
-# transition, $M_i = \operatorname{diag}(w_i) - \hat\kappa_i^\top (a_i\odot\hat\kappa_i)$ in our
-# convention: writing its maps and scanning them is the reader exercise at the end of
-# `exercises/08_affine_scan.py`. So is the observation of `seeds/004` on **multi-step updates**
-# (DeltaProduct): $n_h$ gradient steps per token are $n_h$ maps multiplied together — the
-# composition below, applied inside a token.
+# transition. `seeds/004` writes it as $A_i = \operatorname{diag}(w_i) - \hat\kappa_i^\top (a_i\odot\hat\kappa_i)$
+# (in row vectors) acting on the right; by the rule above ours is its transpose,
+#
+# $$M_i = A_i^\top = \operatorname{diag}(w_i) - (a_i\odot\hat\kappa_i)^\top\hat\kappa_i, \qquad B_i = k_i^\top v_i:$$
+#
+# the state is read at $\hat\kappa_i$ ($\hat\kappa_i S_{i-1}$) and what was read is removed along
+# $a_i\odot\hat\kappa_i$. Taken over untransposed, $A_i$ is a different recurrence — the cell below
+# runs both maps against a token loop of RWKV-7 for six tokens. Writing these maps is exercise
+# `ch08.rwkv7_maps` in `exercises/08_affine_scan.py`, graded against the same token loop. The observation of
+# `seeds/004` on **multi-step updates** (DeltaProduct) needs no new code: $n_h$ gradient steps per
+# token are $n_h$ maps multiplied together — the composition below, applied inside a token.
+
+# %%
+from linattn.grade.catalog.ch08 import rwkv7_inputs, rwkv7_loop   # RWKV-7-like inputs, its token loop
+
+w, kap, a_, k_, v_ = rwkv7_inputs(torch.Generator().manual_seed(0), 1, 1, 6, 5, 3, torch.float64)  # T=6, K=5, V=3
+S0_ = torch.randn(1, 1, 5, 3, dtype=torch.float64)
+loop = rwkv7_loop(w, kap, a_, k_, v_, S0_)                          # states after each token, [1, 1, T, K, V]
+rwkv_err = {}
+for label, M_ in [("diag(w) − (a⊙κ̂)ᵀκ̂  (ours)", torch.diag_embed(w) - (a_ * kap)[..., :, None] * kap[..., None, :]),
+                  ("diag(w) − κ̂ᵀ(a⊙κ̂)  (untransposed)", torch.diag_embed(w) - kap[..., :, None] * (a_ * kap)[..., None, :])]:
+    S_, states = S0_, []
+    for i in range(w.shape[2]):
+        S_ = M_[:, :, i] @ S_ + k_[:, :, i, :, None] * v_[:, :, i, None, :]
+        states.append(S_)
+    rwkv_err[label] = testing.rel_err(torch.stack(states, 2), loop)
+    print(f"M_i = {label}: relative error against the RWKV-7 token loop {rwkv_err[label]:.1e}")
+assert min(rwkv_err.values()) < 1e-12 and max(rwkv_err.values()) > 1e-2
 
 # %% [markdown]
 # ## 2. Composition is associative
@@ -151,8 +174,9 @@ assert max(testing.rel_err(x, y) for x, y in zip(left, right)) < 1e-13
 # ## 3. Chunk maps and two ways to get every entering state
 #
 # `affine.chunk_maps(op, *args, chunk_size=C)` computes, for every chunk and all at once, the
-# map $(M_n, B_n)$ and the output map $(P_n, O_{0,n})$ of chapter 07 — for all four operations
-# ($W = 0$ without the delta rule, so $M_n = \operatorname{diag}(e^{G_C})$ and $P_n = Q\odot e^G$).
+# map $(M_n, B_n)$ and the output map $O_n = Q^{\text{eff}}_n S_n + O_{0,n}$ of chapter 07 (the library
+# calls $Q^{\text{eff}}$ `P`) — for all four operations ($W = 0$ without the delta rule, so
+# $M_n = \operatorname{diag}(e^{b_C})$ and $Q^{\text{eff}}_n = \text{scale}\,Q\odot e^G$).
 # The state entering chunk $n$ is $S_n = (f_{n-1}\circ\dots\circ f_0)(S_0)$:
 #
 # * **fold** — one map after another, $N$ sequential steps (what `chunk.kda` does);
@@ -238,10 +262,21 @@ plt.show()
 # 2. **exchange**: `all_gather` of $(M_r, B_r)$: two tensors of $K\times K$ and $K\times V$ per head,
 #    whatever the slice length;
 # 3. **fold**: rank $r$ composes the maps of ranks $0..r-1$ and applies them to $S_0$:
-#    $S_r = \sum_{j<r}\big(\prod_{j<i<r} M_i\big) B_j + \big(\prod_{i<r}M_i\big) S_0$;
-# 4. **correct**: outputs are affine in the entering state, so
-#    $O = O^{\text{local}} + P_n\,(M^{\text{pre}}_{n-1}\cdots)\,S_r$ chunk by chunk — no second pass
-#    over the keys and values.
+#    $S_r = \sum_{j<r} M_{r-1}M_{r-2}\cdots M_{j+1}\,B_j + M_{r-1}\cdots M_0\,S_0$ — later ranks'
+#    maps on the left, an empty product being $I$;
+# 4. **correct**: outputs are affine in the entering state. Within the slice, chunk $n$ is entered by
+#    $M^{\text{pre}}_{n-1}S_r$ plus what the slice's earlier chunks wrote from zero (already in
+#    $O^{\text{local}}$), with $M^{\text{pre}}_{n-1}$ the slice's chunk maps $0..n-1$ composed
+#    ($I$ for its first chunk), so $O_n = O^{\text{local}}_n + Q^{\text{eff}}_n\,M^{\text{pre}}_{n-1}\,S_r$
+#    chunk by chunk, with chapter 07's effective queries
+#    $Q^{\text{eff}}_n = \text{scale}\,(Q\odot e^{G} - A_{qk}W)$ — no second pass over the keys and values.
+#
+# **Where the sources differ.** `seeds/003` states the correction for one chunk per rank and
+# without the query decay, $O_r = O_r^{\text{local}} + Q_r S_r - \operatorname{mask}(A_{qk})W_rS_r$, and its
+# fold leaves out $S_0$. With a gate, the entering state reaches token $i$ of the chunk decayed by
+# $e^{b_i}$, so the first term must read $(Q_r\odot e^{G})S_r$, as in $Q^{\text{eff}}_n$; with several chunks per
+# rank each chunk also needs the slice's earlier maps, $M^{\text{pre}}_{n-1}$. The cells below check
+# the book's form, initial state included, against the float64 recurrence.
 #
 # First the algebra, with the ranks simulated in this process (the same functions the real thing
 # calls):

@@ -34,8 +34,9 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 #
 # Companion of `book/08_affine_scan.py`. A chunk (or a whole slice of a sequence) acts on the
 # state entering it as $S' = MS + B$, with $M$ `[..., K, K]` and $B$ `[..., K, V]`. You write the
-# composition of two such maps and the parallel prefix scan that gives every state entering a
-# chunk in $\lceil\log_2 N\rceil$ rounds.
+# composition of two such maps, the parallel prefix scan that gives every state entering a
+# chunk in $\lceil\log_2 N\rceil$ rounds, and the per-token maps of RWKV-7, whose transition is
+# diagonal plus low rank.
 
 # %%
 import torch
@@ -79,13 +80,33 @@ def prefix_scan(M, B):
 check("ch08.prefix_scan", prefix_scan);
 
 # %% [markdown]
-# ## Reader exercise (not graded): RWKV-7
+# ## Exercise 3 — `ch08.rwkv7_maps`
 #
-# RWKV-7's transition is diagonal plus low rank, $A_t = \operatorname{diag}(w_t) - \hat\kappa_t^\top
-# (a_t \odot \hat\kappa_t)$ in our row convention. Write its per-token map $(M_t, B_t)$, feed a
-# sequence of them to your `prefix_scan`, and compare the states with a token loop. Which part of
-# chapter 07's WY derivation changes when the "key" that is removed ($a_t \odot \hat\kappa_t$)
-# differs from the one that is read ($\hat\kappa_t$)?
+# RWKV-7's transition is diagonal plus low rank. `seeds/004` writes it for a $V\times K$ state
+# updated on the right, $S_t = S_{t-1}A_t + v_t^\top k_t$ with
+# $A_t = \operatorname{diag}(w_t) - \hat\kappa_t^\top (a_t \odot \hat\kappa_t)$ (row vectors). Our state is
+# its transpose ($K\times V$, transitions on the left), and the same token step reads
+#
+# $$S_t = \operatorname{diag}(w_t)\,S_{t-1} - (a_t\odot\hat\kappa_t)^\top\big(\hat\kappa_t S_{t-1}\big) + k_t^\top v_t :$$
+#
+# $\hat\kappa_t S_{t-1}$ reads the state at $\hat\kappa_t$, and what was read is
+# removed along $a_t\odot\hat\kappa_t$. Write `rwkv7_maps(w, kappa_hat, a, k, v)`: `w`, `kappa_hat`,
+# `a`, `k` are `[B, H, T, K]`, `v` is `[B, H, T, V]`; return `M` `[B, H, T, K, K]` and `B`
+# `[B, H, T, K, V]`, one map per token, with $S_t = M_t S_{t-1} + B_t$. The grader compares them with maps it reads off a token
+# loop of the recurrence (it runs one step on probe states), so the transpose of the right
+# answer — `seeds/004`'s $A_t$ taken over as it stands — fails.
+#
+# Then feed your maps to your `prefix_scan` (axis 2 holds the tokens): position $t$ applied to
+# $S_0$ is the state after token $t$. Which part of chapter 07's WY derivation changes when the
+# "key" that is removed ($a_t \odot \hat\kappa_t$) differs from the one that is read ($\hat\kappa_t$)?
+
+# %% exercise="ch08.rwkv7_maps"
+def rwkv7_maps(w, kappa_hat, a, k, v):
+    raise NotImplementedError("write me")
+
+
+# %%
+check("ch08.rwkv7_maps", rwkv7_maps);
 
 # %%
 from linattn.grade import progress_text; print(progress_text())

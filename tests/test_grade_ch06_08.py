@@ -216,10 +216,46 @@ def test_prefix_scan(bug):
     assert all(results) if bug is None else not any(results)
 
 
+def rwkv7(w, kappa_hat, a, k, v, bug=None):
+    """RWKV-7's per-token maps written independently of the catalog (bug=None passes)."""
+    removed = kappa_hat if bug == "rate a dropped" else a * kappa_hat
+    if bug == "seed's A_t not transposed":
+        low_rank = kappa_hat[..., :, None] * removed[..., None, :]
+    else:
+        low_rank = removed[..., :, None] * kappa_hat[..., None, :]
+    decay = torch.ones_like(w) if bug == "no decay" else w
+    return torch.diag_embed(decay) - low_rank, k[..., :, None] * v[..., None, :]
+
+
+@pytest.mark.parametrize("bug", [None, "seed's A_t not transposed", "rate a dropped", "no decay"])
+def test_rwkv7_maps(bug):
+    results = verdicts("ch08.rwkv7_maps", partial(rwkv7, bug=bug), bug)
+    assert all(results) if bug is None else not any(results)
+    if bug == "seed's A_t not transposed":
+        r = check("ch08.rwkv7_maps", partial(rwkv7, bug=bug), seed=0, record=False, quiet=True)
+        assert "diagnosis: your result matches what you get if you take seeds/004's A_t" in r.message
+
+
+def test_rwkv7_maps_scan_to_the_token_loop():
+    """The reference's maps, composed by the library's prefix scan, give the states of the token
+    loop — and the transposed (seed-convention) maps do not."""
+    from linattn import affine, testing
+    from linattn.grade.catalog import ch08
+
+    x = ch08.rwkv7_inputs(torch.Generator().manual_seed(0), 1, 2, 6, 5, 3, torch.float64)
+    S0 = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+    loop = ch08.rwkv7_loop(*x, S0)
+    errors = []
+    for maps in (ch08.rwkv7_maps, ch08.rwkv7_maps_untransposed):
+        M_pre, B_pre, _ = affine.prefix_scan(*maps(*x))
+        errors.append(testing.rel_err(M_pre @ S0[:, :, None] + B_pre, loop))
+    assert errors[0] < 1e-12 and errors[1] > 1e-2
+
+
 # ---------------------------------------------------------------- references and stubs
 
 NAMES = ["ch06.delta_rule", "ch06.kda", "ch07.unit_lower_inverse", "ch07.wy_factors",
-         "ch07.chunk_map", "ch07.chunk_kda", "ch08.compose", "ch08.prefix_scan"]
+         "ch07.chunk_map", "ch07.chunk_kda", "ch08.compose", "ch08.prefix_scan", "ch08.rwkv7_maps"]
 
 
 @pytest.mark.parametrize("name", NAMES)
