@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# The accepted scale: models use K^-0.5 (≤ 1) or 1. Above MAX_SCALE the outputs, scale · q S, leave
+# float32's range (3.4e38) for inputs of ordinary size (entries ≤ 1e3 over 2^20 tokens reach
+# 1e4 · 1e3 · 1e3 · 1e3 · 2^20 ≈ 1e19, far inside it; scale = 1e300 is inf before any input is
+# read). Below MIN_SCALE, scale rounds to 0 or loses its precision in float32 (tiny 1.2e-38).
+MIN_SCALE, MAX_SCALE = 1e-30, 1e4
 # None: automatic (on for CPU tensors, off for GPU tensors); True/False: forced by value_checks()
 # or the environment variable LINATTN_CHECK_VALUES=1/0.
 _value_checks: bool | None = None
@@ -164,8 +169,10 @@ def check_qkv(q, k, v, scale=None) -> Dims:
         _fail(f"every dimension must be ≥ 1, got q {tuple(q.shape)}, v {tuple(v.shape)}")
     if scale is None:
         scale = K ** -0.5
-    elif not (isinstance(scale, (int, float)) and scale > 0 and scale != float("inf")):
-        _fail(f"scale must be a positive finite number or None (→ K^-0.5), got {scale!r}")
+    elif not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+              and MIN_SCALE <= scale <= MAX_SCALE):
+        _fail(f"scale must be a positive finite number in [{MIN_SCALE:g}, {MAX_SCALE:g}] or None "
+              f"(→ K^-0.5), got {scale!r}: the float32 computation multiplies every output by it")
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     return Dims(B, T, H, K, v.shape[3], float(scale), acc)
 

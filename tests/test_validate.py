@@ -113,3 +113,14 @@ def test_dispatcher_keyword_rule():
         linattn.gla(**args, impl="naive", inter_dtype=torch.bfloat16)
     with pytest.raises(InputError, match="'bogus'"):
         linattn.linear_attn(**good(), bogus=1)
+
+
+@pytest.mark.parametrize("fn", FNS + [chunk.gla])
+@pytest.mark.parametrize("scale", [1e300, 1e5, float("nan"), float("inf"), 0.0, 1e-300, True])
+def test_scale_range(fn, scale):
+    # 1e300 was accepted and gave inf/NaN; 1e-300 rounds to 0 in float32 (all-zero outputs).
+    args = testing.make_inputs("gla" if fn is chunk.gla else "linear_attn", T=8)
+    with pytest.raises(InputError, match=r"scale must be a positive finite number in \[1e-30, 10000\]"):
+        fn(**args, scale=scale)
+    o, _ = fn(**args, scale=1e4)
+    assert torch.isfinite(o).all()
