@@ -277,9 +277,10 @@ assert max(e_o, e_S) < testing.tolerance(torch.float64)
 # The decay mask can itself be split between the two sides: $e^{\,b_i - b_j} = e^{\,b_i}\cdot
 # e^{-b_j} = \Lambda_i / \Lambda_j$, so $QK^\top \odot D = (Q\odot\Lambda)(K \odot \Lambda^{-1})^\top$
 # masked by the plain causal mask. That is one matrix product with no elementwise pass — and it
-# needs $1/\Lambda_j = e^{-b_j}$, the overflow of section 2. With strong gates (Mamba-2 heads
-# forget fast: log-gates of −20 are not unusual) $e^{-b_j}$ passes float32's $3.4\cdot10^{38}$
-# after a handful of tokens:
+# needs $1/\Lambda_j = e^{-b_j}$, the overflow of section 2. With strong gates (the tests' setting,
+# log-gates down to −20 per token) $e^{-b_j}$ passes float32's $3.4\cdot10^{38}$ after a handful of
+# tokens. Real gates can decay that fast over a chunk: some 64-token chunks of Mamba-2's gates as
+# initialised decay by more than $e^{88}$ (chapter 10 §3b measures it):
 
 # %%
 gs = testing.make_inputs("gla", B=1, T=64, H=1, K=K, V=V, gate="per_head", strength="strong",
@@ -340,12 +341,21 @@ print(f"Λ_iΓ_j / D_ij = {(lam_gam[3, 1] / decay.decay_mask(gc)[3, 1]).item():.
 # | Lightning-2 | $\log\lambda_h$, constant | $\lambda_h^{\,i}$ | $\lambda_h^{\,C-j}$ | $QK^\top \odot D$, $D_{ij} = \lambda_h^{\,i-j}$ |
 # | Mamba-2 / SSD | $\Delta_t A_h$, scalar | $e^{\,b_i}$ | $e^{\,b_C-b_j}$ | $QK^\top \odot D$, $D_{ij} = e^{\,b_i-b_j}$ (segment sums) |
 # | GLA | $\log\alpha_t \in \mathbb{R}^K$ | $e^{\,b_i}\in\mathbb{R}^K$ | $e^{\,b_C-b_j}\in\mathbb{R}^K$ | $\sum_\kappa q_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa}-b_{j\kappa}}$: not a product — ch. 04–05 |
-# | KDA | $\log\alpha_t \in \mathbb{R}^K$ (tied to the keys) | $e^{\,b_i}$ | $e^{\,b_C-b_j}$ | as GLA, plus the delta rule's WY transform — later chapters |
+# | KDA | $\log\alpha_t \in \mathbb{R}^K$ (its own projection) | $e^{\,b_i}$ | $e^{\,b_C-b_j}$ | as GLA, plus the delta rule's WY transform — later chapters |
 #
 # (The seed lists the binary mask $\mathbf{1}$ for Mamba-2, GLA and KDA; that is correct for the
 # fully absorbed form $(Q\odot\Lambda)(K\odot\Lambda^{-1})^\top\odot\mathbf{1}$ that the previous section
 # showed overflowing. For scalar gates we keep $D$; for per-dimension gates chapter 05 absorbs
 # relative to sub-chunk boundaries, where it is safe.)
+#
+# **Where the sources differ.** The seed's RetNet and LA-2 rows put the decay in twice: they
+# absorb $\Lambda_i = \gamma^{\,i}$ and $\Gamma_j = \gamma^{\,C-j}$ into $Q$ and $K$ *and* keep the decay
+# mask $\gamma^{\,i-j}$, so $\tilde Q\tilde K^\top\odot M$ carries $\gamma^{\,C+2(i-j)}$ where the
+# recurrence has $\gamma^{\,i-j}$ (the first bullet above, plus the mask). Inside the chunk only one of
+# the two may stay: the mask $D$ with plain $QK^\top$, as in our rows. The seed also calls KDA's gate
+# "tied" to the key projection; what KDA ties is the low-rank vector of its diagonal-plus-low-rank
+# transition, $a_t = \beta_t k_t$ (the seed's own reference says so), while its decay $\alpha_t$ has a
+# projection of its own (chapter 06).
 #
 # The constant-decay rows are a special case of the Mamba-2 row: with $g_t = \log\gamma$ for all
 # $t$, $b_i = i\log\gamma$ and $e^{\,b_i - b_j} = \gamma^{\,i-j}$.
@@ -358,6 +368,8 @@ retnet_D = (gamma_h ** (i[:, None] - i[None, :])).tril()
 assert torch.allclose(decay.decay_mask(g_const), retnet_D)
 assert torch.allclose(decay.query_decay(g_const, -1), gamma_h ** (i + 1))       # γ^i, i = 1..C
 assert torch.allclose(decay.key_decay(g_const, -1), gamma_h ** (9 - i))         # γ^(C−j)
+seed_rows = (decay.query_decay(g_const, -1)[:, None] * decay.key_decay(g_const, -1)[None, :]) * retnet_D
+assert torch.allclose(seed_rows, (gamma_h ** (10 + 2 * (i[:, None] - i[None, :]))).tril())  # γ^(C+2(i−j))
 print("RetNet row of the table: D, Λ, Γ match γ^(i−j), γ^i, γ^(C−j)")
 
 # %% [markdown]
