@@ -69,6 +69,12 @@ torch.manual_seed(0)
 # which is exactly the log-decay the library takes (`F.logsigmoid(z) / 16` — never
 # `log(sigmoid(z))`, which rounds to $\log 0 = -\infty$ for very negative $z$). Let us build it
 # with random weights and look at the gates it produces for random tokens.
+#
+# **Where the sources differ.** The paper's §3.1 prints $\alpha = \sigma(XW_\alpha + b_\alpha)/\tau$,
+# and its footnote 8 says what the experiments use: the temperature in log space,
+# $\log\alpha = \log\sigma(XW_\alpha + b_\alpha)/16$ — our $\sigma(\cdot)^{1/\tau}$. `seeds/001` writes
+# $\alpha_t = \sigma\big((x_tW_{\alpha_1}W_{\alpha_2} + b_\alpha)/\tau\big)^{1/\tau}$, which applies the
+# temperature twice (inside the sigmoid and as the power); we follow the paper's footnote.
 
 # %%
 d_model, rank, Kg, Tg = 256, 16, 64, pick(cpu=512, gpu=4096)
@@ -96,7 +102,7 @@ a2.set(xlabel="1 / (1 − α): memory length in tokens (≥ 200 in the last bin)
 plt.show()
 print(f"τ = 16: median α = {g16.exp().median():.3f}, 1%–99%: "
       f"{g16.exp().quantile(0.01):.3f}–{g16.exp().quantile(0.99):.3f}; "
-      f"mean log α = {g16.mean():.4f}")
+      f"mean log α = {g16.mean():.3f}")
 assert (g16 <= 0).all() and (g16.exp() > g1.exp()).all()
 
 # %% [markdown]
@@ -107,9 +113,11 @@ assert (g16 <= 0).all() and (g16.exp() > g1.exp()).all()
 #
 # ## 2. The recurrence
 #
-# The paper writes the gate as a matrix $G_t = \alpha_t^\top \mathbf{1} \in (0,1)^{K\times V}$ applied
-# elementwise, $S_t = G_t \odot S_{t-1} + k_t^\top v_t$. With the state $K\times V$ (the book's
-# convention, and the paper's) that is a diagonal matrix on the left:
+# The paper (§3.1) writes the gate as an outer product $G_t = \alpha_t^\top \beta_t \in (0,1)^{K\times V}$ of a
+# key-side gate $\alpha_t$ and a value-side gate $\beta_t$, applied elementwise,
+# $S_t = G_t \odot S_{t-1} + k_t^\top v_t$; the GLA Transformer (§3.4) then sets $\beta_t = \mathbf{1}$, so
+# $G_t = \alpha_t^\top \mathbf{1}$. With the state $K\times V$ (the book's convention, and the paper's)
+# that is a diagonal matrix on the left:
 #
 # $$\boxed{S_t = \operatorname{diag}(\alpha_t)\, S_{t-1} + k_t^\top v_t,\qquad o_t = \text{scale}\cdot q_t S_t}$$
 #
@@ -138,7 +146,8 @@ print("o", tuple(o_rec.shape), "final state", tuple(S_rec.shape))
 # product carries its own factor. Computing $P$ means forming a $T\times T\times K$ tensor of
 # decays and reducing it: the same multiply-adds as $QK^\top$, but elementwise work with an
 # `exp` in the middle, which tensor cores (hardware for $A_{t\kappa}B_{\kappa j}$ sums and nothing
-# else) cannot do. That is the paper's Eq. 4, in log space "for stability".
+# else) cannot do. That is the paper's parallel form (§3.2, Eqs. 12–13), which it proposes to run in
+# log space "for numerical stability".
 
 # %%
 def parallel_gla(q, k, v, g, S0, scale):
@@ -159,9 +168,9 @@ assert err < testing.tolerance(torch.float64)
 
 # %% [markdown]
 # **Could we factor it?** $e^{\,b_t - b_j} = e^{\,b_t}\cdot e^{-b_j}$, so
-# $P = \big((Q\odot e^{B})(K\odot e^{-B})^\top\big)\odot M$ *is* a matrix product. But $b_j$ keeps
-# decreasing along the sequence, so $e^{-b_j}$ grows without bound. With the GLA gates of
-# section 1 (mean $\log\alpha \approx -0.04$):
+# $P = \big((Q\odot e^{G})(K\odot e^{-G})^\top\big)\odot M$ *is* a matrix product ($G$ stacks the rows
+# $b_t$). But $b_j$ keeps decreasing along the sequence, so $e^{-b_j}$ grows without bound. With the
+# GLA gates of section 1 (their mean $\log\alpha$ is printed there):
 
 # %%
 bg = g16.cumsum(0)                                             # [T, K] prefix sums of the layer's gates
@@ -269,7 +278,7 @@ assert max(e_lib, e_inl, testing.rel_err(S_lib, S_ref)) < testing.tolerance(torc
 # products. Building $P$ costs $C^2K/2$ — elementwise, with an `exp` per term. As a share of the
 # multiply-adds that is small; as a share of the *time* it is not, because a GPU runs dense
 # half-precision matmuls about 16× faster than float32 elementwise arithmetic (the factor the GLA
-# paper quotes for the A100):
+# paper quotes for the A100 in its §2.3):
 
 # %%
 def shares(C, K, V, speedup=16):
