@@ -34,14 +34,15 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 #
 # **Goal.** Chapter 04 left one piece of chunkwise GLA off the tensor cores: the chunk's own
 # attention matrix $P_{ij} = \sum_\kappa q_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa}-b_{j\kappa}}$, computed
-# elementwise in log space. GLA's answer (seed documents 001 and 002, §4.3 and Appendix B) is a
+# elementwise in log space. GLA's answer (seed documents 001 and 002: the paper's §3.3 and its
+# Appendices B.1 and B.5) is a
 # second level of chunking: cut the chunk into sub-chunks of $c$ tokens. Tiles of $P$ *between*
 # two sub-chunks become ordinary matrix products after absorbing the decay relative to a
 # sub-chunk boundary — safe in bfloat16; only the $c\times c$ tiles *on* the diagonal stay in
 # float32 log space. We draw the tile map, build $P$ tile by tile and check it, measure the error
 # of each tile type in bf16/fp16/fp32, show what overflows when the boundary is chosen badly or
 # the diagonal is absorbed too, count how much work lands on matmul tiles as $C/c$ varies, and
-# fix a bug in the paper's listing.
+# correct the paper's listing.
 
 # %%
 import matplotlib.pyplot as plt
@@ -59,16 +60,18 @@ torch.manual_seed(0)
 # %% [markdown]
 # ## 1. Two levels
 #
-# Take one chunk of $C$ tokens, with $b_m \in \mathbb{R}^K$ the prefix sums of its log-gates from
-# the chunk start. Cut it into $C/c$ sub-chunks of $c$ tokens and look at the tile $P_{[i][j]}$:
-# queries of sub-chunk $i$, keys of sub-chunk $j$.
+# Take one chunk of $C$ tokens at positions $1, \dots, C$, with $b_m \in \mathbb{R}^K$ the prefix sums
+# of its log-gates from the chunk start ($b_0 = 0$: the boundary), as in chapter 04. Cut it into
+# $C/c$ sub-chunks of $c$ tokens, numbered from 0 as in the code, so sub-chunk $i$ holds positions
+# $ic+1, \dots, (i+1)c$, and look at the tile $P_{[i][j]}$: queries of sub-chunk $i$, keys of
+# sub-chunk $j$; $G_{[i]}$ stacks the rows $b_m$ of sub-chunk $i$.
 #
 # * $j > i$: the future, zero.
-# * $j < i$: **every key comes before every query.** Let $r = ic$ be the first token of
-#   sub-chunk $i$. For a query $m \ge r$ and a key $n < r$ the decay splits at $r$:
-#   $$e^{\,b_m - b_n} = e^{\,b_m - b_{r-1}}\cdot e^{\,b_{r-1} - b_n},$$
-#   both exponents $\le 0$ (sums of log-gates over $[r, m]$ and $(n, r-1]$). So
-#   $$\boxed{P_{[i][j]} = \big(Q_{[i]}\odot e^{\,B_{[i]} - b_{r-1}}\big)\big(K_{[j]}\odot e^{\,b_{r-1} - B_{[j]}}\big)^\top}$$
+# * $j < i$: **every key comes before every query.** Let $r = ic$ be the last position before
+#   sub-chunk $i$. For a query $m > r$ and a key $n \le r$ the decay splits at $r$:
+#   $$e^{\,b_m - b_n} = e^{\,b_m - b_r}\cdot e^{\,b_r - b_n},$$
+#   both exponents $\le 0$ (sums of log-gates over $(r, m]$ and $(n, r]$). So
+#   $$\boxed{P_{[i][j]} = \big(Q_{[i]}\odot e^{\,G_{[i]} - b_r}\big)\big(K_{[j]}\odot e^{\,b_r - G_{[j]}}\big)^\top}$$
 #   — a $(c\times K)(K\times c)$ matrix product on operands whose factors are at most 1. In a kernel
 #   it runs on tensor cores in bf16 with float32 accumulation.
 # * $j = i$: queries and keys interleave, $m \ge n$ inside one sub-chunk. Any split point lies
@@ -77,7 +80,7 @@ torch.manual_seed(0)
 #   only $c\times c\times K$ per tile.
 #
 # Chunk level (chapter 04) and sub-chunk level together give the map below (in the spirit of
-# the paper's Figure 3): the state carries everything left of the chunk's diagonal block; inside
+# the paper's Figure 1): the state carries everything left of the chunk's diagonal block; inside
 # the block, orange tiles are matmuls and red tiles log space.
 
 # %%
@@ -115,7 +118,7 @@ def intra_tiles(q, k, g, c):
     P = torch.zeros(C, C, dtype=q.dtype)
     for i in range(C // c):
         rows = slice(i * c, (i + 1) * c)
-        ref = b[i * c - 1] if i else torch.zeros_like(b[0])     # b_{r−1}: just before sub-chunk i
+        ref = b[i * c - 1] if i else torch.zeros_like(b[0])     # b_r, r = ic: just before sub-chunk i
         q_abs = q[rows] * (b[rows] - ref).exp()                 # [c, K], factors ≤ 1
         for j in range(i):
             cols = slice(j * c, (j + 1) * c)
@@ -140,17 +143,19 @@ assert max(e_tiles, e_lib) < testing.tolerance(torch.float32)
 #
 # The split point matters. The tempting choice is the **chunk** start, $e^{\,b_m}\cdot e^{-b_n}$ —
 # the seed's sketch and the paper's listing both normalise this way. Then the key side
-# $e^{-b_n}$ grows through the whole chunk: with strong gates ($g$ down to −20 per step, as in
-# fast-forgetting Mamba-2 or GLA heads) $-b_n$ passes float32's limit of 88 within a few tokens
-# and the tile becomes $0\cdot\infty$ = NaN. Splitting at the **query sub-chunk's** start keeps
+# $e^{-b_n}$ grows through the whole chunk: with strong gates ($g$ down to −20 per step, the
+# tests' strong setting) $-b_n$ passes float32's limit of 88 within a few tokens and the tile
+# becomes $0\cdot\infty$ = NaN. Real gates can get there too: chunks of Mamba-2's and KDA's gates
+# as initialised decay past $e^{88}$ (chapter 10 §3b measures how often). Splitting at the **query sub-chunk's** start keeps
 # both factors $\le 1$ whatever the gates. (Implementations that precompute one factor per
 # *token* rather than per tile — say $k_n e^{-b_n}$ — must measure it from a boundary close to
 # $n$, such as the start of $n$'s own sub-chunk: the exponent then spans at most $c$ gates
-# instead of a whole chunk. That keeps it finite for realistic gates, though not for −20 per step;
+# instead of a whole chunk. That keeps it finite while no $c$ consecutive gates decay by $e^{88}$
+# (true of the tests' mild gates), though not for −20 per step;
 # the split used here needs no such factor at all.)
 #
 # And if the diagonal tiles were absorbed too — split at their own sub-chunk start — the key side
-# would be $e^{\,b_{r-1} - b_n}$ with $n \ge r$: a *positive* exponent spanning up to $c$ gates,
+# would be $e^{\,b_r - b_n}$ with $n > r$: a *positive* exponent spanning up to $c$ gates,
 # $e^{\,20\cdot 16} = e^{320}$ under strong gates. Let us run all three variants:
 
 # %%
@@ -330,16 +335,79 @@ for j in range(2):
     assert k_fixed.shape == (1, 1, cx, 8)
 
 # %% [markdown]
-# Two more things to know when reading the listing: `a_normalizer` on lines 67–68 reads `a`, a
-# variable left over from the earlier inter-chunk loop (the *last* chunk's gates, not chunk
-# `i`'s), and it normalises relative to the chunk start — the boundary section 3 showed
-# overflowing; and the diagonal tile (lines 86–89) is computed by absorption, which the listing
-# itself flags as "numerically instable, only for demonstration". (The listing also carries a
-# $\beta$ gate on the value side, which GLA sets to 1.)
+# That is not the listing's only slip. Read against the recurrence, its other lines have these:
 #
-# The corrected loop, in the book's convention (one head, `[T, K]` tensors, per-dimension
-# log-gates), with the sub-chunk boundary and log-space diagonal tiles — a direct transcription
-# of the listing's structure, checked against the recurrence:
+# * **The inter-chunk state is off by one chunk** (lines 35–40 and 53). `S[i]` is built as
+#   `S[i-1] * decay + KV[i]` from `i = 1`, so it holds chunk $i$'s own writes `KV[i]` and never
+#   `KV[0]`; yet chunk $i$'s inter-chunk output reads `S[i]`. The state chunk $i$ needs is the one
+#   *entering* it: the writes of chunks $0, \dots, i-1$.
+# * **The query decay drops the chunk's first gate** (line 52): `q * (a - a[:, :, 0])` measures the
+#   decay from the chunk's first token, whose gate is already in `a[0]`; the entering state must
+#   be decayed from the chunk *boundary*, $e^{\,b_m}$ with $b$ summed from the chunk's first gate
+#   ($b_0 = 0$). Line 54 does the same on the value side.
+# * **Names used before or after they mean something else**: line 31 decays `v`, which does not
+#   exist yet (it should slice `V`), and line 22 rebinds `B` — the batch size from line 17 — to the
+#   value-side cumulative gates, which line 23 then passes to `torch.zeros` as a size.
+# * `a_normalizer` (lines 67–68) reads `a`, left over from the inter-chunk loop: the *last*
+#   chunk's gates, not chunk `i`'s. In exact arithmetic the normaliser cancels between `q` and
+#   `k`, but it is the chunk-start boundary of section 3, which overflows under strong gates; the
+#   diagonal tile (lines 86–89) is computed by absorption too, which the listing itself flags as
+#   "numerically instable, only for demonstration". (The listing also carries a $\beta$ gate on
+#   the value side, which GLA sets to 1.)
+#
+# Lines 17–55 (the inter-chunk part, value gate $\beta = 1$), run with only the two renamings that
+# let them run at all, and then with the state and query-decay corrections, against the
+# inter-chunk part of the recurrence's output (everything a token reads from earlier chunks):
+
+# %%
+def listing_inter(Q, K, V, log_alpha, C, corrected=False):
+    """Listing 1, lines 17–55, with `v` taken from V (line 31) and the batch size kept as `Bsz`
+    (line 22 rebinds B). corrected=True: S[i] enters chunk i; queries decay from the boundary."""
+    Bsz, H, L, D_K = Q.shape
+    A = log_alpha.cumsum(-2)                                         # line 21
+    KV = torch.zeros(Bsz, H, L // C, D_K, V.shape[-1], dtype=Q.dtype)
+    for i in range(L // C):                                          # lines 26–32
+        a = A[:, :, i * C:(i + 1) * C, :]
+        k = K[:, :, i * C:(i + 1) * C] * (a[:, :, -1, None, :] - a).exp()
+        KV[:, :, i] = k.transpose(-1, -2) @ V[:, :, i * C:(i + 1) * C]
+    S = torch.zeros_like(KV)
+    for i in range(1, L // C):                                       # lines 36–40
+        n = i - 1 if corrected else i                                # the chunk S[i] adds
+        start = A[:, :, n * C - 1, :] if n else torch.zeros_like(A[:, :, 0, :])
+        decay_A = (A[:, :, (n + 1) * C - 1, :] - start).exp()
+        S[:, :, i] = S[:, :, i - 1] * decay_A.unsqueeze(-1) + KV[:, :, n]
+    O1 = torch.zeros(Bsz, H, L, V.shape[-1], dtype=Q.dtype)
+    for i in range(L // C):                                          # lines 48–55
+        a = A[:, :, i * C:(i + 1) * C, :]
+        if corrected:                                                # from the chunk boundary
+            start = A[:, :, i * C - 1, None, :] if i else torch.zeros_like(a[:, :, :1])
+        else:                                                        # line 52: from its first token
+            start = a[:, :, 0, None, :]
+        O1[:, :, i * C:(i + 1) * C, :] = (Q[:, :, i * C:(i + 1) * C] * (a - start).exp()) @ S[:, :, i]
+    return O1
+
+
+a = testing.to_float64(testing.make_inputs("gla", B=1, T=128, H=1, K=16, V=8, seed=9))
+q_, k_, v_, g_ = (a[n].transpose(1, 2) for n in ("q", "k", "v", "g"))  # the listing's [B, H, L, D]
+o_ref = naive.gla(**a, scale=1.0)[0][0, :, 0]
+intra = torch.cat([attention_matrix(q_[0, 0, s:s + 32], k_[0, 0, s:s + 32], g_[0, 0, s:s + 32])
+                   @ v_[0, 0, s:s + 32] for s in range(0, 128, 32)])   # each chunk's own tokens
+listing_err = {fix: testing.rel_err(listing_inter(q_, k_, v_, g_, C=32, corrected=fix)[0, 0], o_ref - intra)
+               for fix in (False, True)}
+print(f"inter-chunk part, T=128, C=32, float64: as written {listing_err[False]:.2f}, "
+      f"corrected {listing_err[True]:.1e}")
+assert listing_err[False] > 0.1 and listing_err[True] < testing.tolerance(torch.float64)
+
+# %% [markdown]
+# The loop below is the book's two-level algorithm, in the book's convention (one head, `[T, K]`
+# tensors, per-dimension log-gates). It follows the listing's structure — chunks, query
+# sub-chunks, key sub-chunks, a diagonal tile — and departs from it where the listing is wrong or
+# unsafe: the state `S` is the one *entering* chunk $i$ (updated after the chunk's outputs); the
+# inter-chunk queries decay from the chunk boundary, $e^{\,b_m}$ with `a` the cumulative gates of
+# *this* chunk; the key sub-chunk has its own name `m`, and the diagonal tile is sliced with
+# `j*c`; the matmul tiles split the decay at the query sub-chunk's boundary $b_r$ (section 1), not
+# at a stale chunk start; the diagonal tile is computed in log space. Checked against the
+# recurrence:
 
 # %%
 def two_level_gla(Q, Kmat, V, log_alpha, C, c):
@@ -385,9 +453,11 @@ assert err < testing.tolerance(torch.float64)
 # One shortcut: where every chunk of a group decays by less than $e^{60}$ in every dimension, the
 # split at the chunk start is safe for the whole chunk — $e^{b_i - b_j} = e^{b_i}\cdot e^{-b_j}$
 # with $e^{-b_j} \le e^{60}$, far inside float32's $3\cdot10^{38}$ — and $P$ is one matmul,
-# $(Q\odot e^{b})(K\odot e^{-b})^\top$, masked. That is the overflow of §1 bounded rather than
+# $(Q\odot e^{b})(K\odot e^{-b})^\top$, masked. That is the overflow of §3 bounded rather than
 # avoided; chapter 11 builds its KDA kernel on it and measures what it costs in precision. The
-# gates of trained models stay far inside the bound; strong gates like these do not, and run the
+# gates of GLA's parametrisation (a sigmoid with temperature 16) stay inside the bound in every
+# chunk measured, initialised or trained; a share of the chunks of Mamba-2's and KDA's gates as
+# initialised do not (chapter 10 §3b measures both). Strong gates like these do not, and run the
 # tiles. Against the float64 recurrence on a ragged length, at several sub-chunk sizes:
 
 # %%
@@ -412,8 +482,10 @@ print("ran:", linattn.which("gla"))
 # * Measured here: off-diagonal tiles carry the matmul dtype's rounding (bf16 ≈ $2\cdot10^{-3}$,
 #   fp16 ≈ $3\cdot10^{-4}$ relative), the diagonal tiles stay at float32's $10^{-7}$.
 # * About $1 - c/C$ of $P$'s work (87% for $C=128$, $c=16$) runs as matmuls.
-# * The paper's Listing 1 slices the diagonal tile with `k*c` after `k` was rebound to a tensor;
-#   it should be `j*c`.
+# * The paper's Listing 1 slices the diagonal tile with `k*c` after `k` was rebound to a tensor
+#   (it should be `j*c`), reads the state *after* a chunk where it needs the state entering it,
+#   decays the queries from the chunk's first token instead of its boundary, and uses `v` and the
+#   batch size `B` under names that mean something else; our `two_level_gla` corrects all of them.
 #
 # **Workbook:** `exercises/05_secondary_chunking.py` — build the intra-chunk matrix by tiles; the
 # grader's strong gates reject a chunk-start boundary and absorbed diagonal tiles.
