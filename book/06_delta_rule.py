@@ -137,9 +137,10 @@ assert err_dlt[T // 2] < 1e-12 < err_lin[T // 2]
 # * $\beta = 0$: nothing happens; $\beta = 1$: the $k_t$-component is *erased* before $v_t$ is
 #   written (a projection); $\beta = 2$: the Householder reflection $I - 2k^\top k$;
 # * $\beta \in (1, 2]$ gives a **negative** eigenvalue $1 - \beta \in [-1, 0)$: the old content along
-#   $k_t$ is flipped, not just shrunk. Models allow $\beta \in (0, 2)$ for this reason — negative
-#   eigenvalues let a linear RNN track state like parity, which a transition with eigenvalues in
-#   $[0, 1]$ cannot;
+#   $k_t$ is flipped, not just shrunk. DeltaNet, Gated DeltaNet and KDA produce $\beta$ with a
+#   sigmoid, $\beta \in (0, 1)$; the **negative-eigenvalue** variant, which `seeds/004` presents as an
+#   option, scales it to $\beta \in (0, 2)$ — negative eigenvalues let a linear RNN track state like
+#   parity, which a transition with eigenvalues in $[0, 1]$ cannot;
 # * every eigenvalue stays in $[-1, 1]$ exactly when $\beta\lVert k\rVert^2 \le 2$. That is why keys
 #   are L2-normalised: with $\lVert k\rVert = 1$ any $\beta \in [0, 2]$ is safe.
 
@@ -302,7 +303,8 @@ assert testing.rel_err(o, o_ref) <= testing.tolerance(torch.float32)
 #   prediction error, so rewritten keys are overwritten instead of summed.
 # * Its transition $I - \beta k^\top k$ is a generalised Householder matrix with eigenvalue
 #   $1 - \beta\lVert k\rVert^2$ along $k$; normalised keys and $\beta \in [0, 2]$ keep all
-#   eigenvalues in $[-1, 1]$, and $\beta > 1$ gives negative ones. The library rejects
+#   eigenvalues in $[-1, 1]$, and $\beta > 1$ gives negative ones (the negative-eigenvalue variant;
+#   DeltaNet, Gated DeltaNet and KDA take $\beta \in (0, 1)$ from a sigmoid). The library rejects
 #   $\beta_t\lVert k_t\rVert^2 > 2$ with an error naming `k`.
 # * Gated DeltaNet and KDA decay the state *before* the correction:
 #   $S_t = (I - \beta_t k_t^\top k_t) D_t S_{t-1} + \beta_t k_t^\top v_t$.
