@@ -69,12 +69,15 @@ DEV = linattn.device.default_device()
 # State $S\in\mathbb R^{K\times V}$, $S_t = \mathrm{diag}(e^{g_t})S_{t-1} + k_t^\top v_t$,
 # $o_t = \text{scale}\cdot q_t S_t$, log-gates $g_t \le 0$ per key dimension ($[B,T,H,K]$, GLA) or
 # per head ($[B,T,H]$). For the chunk starting at $t_0$, let $b_t = g_{t_0}+\dots+g_t$ (float32,
-# restarting every chunk) and $S$ the state entering the chunk. Then (chapter 04)
+# restarting every chunk; the $C\times K$ matrix $G$ stacks these rows, as in chapter 04) and $S$ the
+# state entering the chunk. Then (chapter 04, with $P$ its intra-chunk matrix)
 #
-# $$o_t = \text{scale}\Big((q_t\odot e^{b_t})\,S + \sum_{s\le t}A_{ts}\,v_s\Big),\qquad
-#   A_{ts} = \sum_\kappa q_{t\kappa}k_{s\kappa}e^{\,b_{t\kappa}-b_{s\kappa}},$$
+# $$o_t = \text{scale}\Big((q_t\odot e^{b_t})\,S + \sum_{s\le t}P_{ts}\,v_s\Big),\qquad
+#   P_{ts} = \sum_\kappa q_{t\kappa}k_{s\kappa}e^{\,b_{t\kappa}-b_{s\kappa}},$$
 #
-# $$S_{\text{next}} = \mathrm{diag}(e^{b_\text{last}})\,S + \sum_s (k_s\odot e^{\,b_\text{last}-b_s})^\top v_s .$$
+# $$S_{\text{next}} = \mathrm{diag}(e^{b_C})\,S + \sum_s (k_s\odot e^{\,b_C-b_s})^\top v_s ,$$
+#
+# with $b_C$ the sum over the whole chunk.
 #
 # Every exponent is $b$ itself or a difference $b_t-b_s$ with $t\ge s$: all factors are $\le 1$.
 # The library splits the work into kernels by how much parallelism each part has:
@@ -82,28 +85,28 @@ DEV = linattn.device.default_device()
 # | kernel | grid (programs) | sequential over chunks? | what it computes |
 # |---|---|---|---|
 # | `_local_cumsum_kernel` | (columns of $H\cdot K$ or $H$, chunk, batch) | no | $b$, float32 (either gate shape) |
-# | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $A$, $[B,T,H,C]$ float32: secondary chunking (past the split's bound, §3b) |
+# | `_intra_kernel` | (sub-chunk, chunk, batch·head) | no | rows of $P$, $[B,T,H,C]$ float32: secondary chunking (past the split's bound, §3b) |
 # | `_states_kernel` | (K-block, V-block, batch·head) | **yes** | the state entering every chunk, $[B,H,N_T,K,V]$ |
-# | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + AV$ per chunk ($A$ itself within the bound) |
+# | `_output_kernel` | (V-block, chunk, batch·head) | no | $o = (Q\odot e^{b})S + PV$ per chunk ($P$ itself within the bound) |
 # | `_fused_kernel` | (V-block, batch·head) | **yes** | output and state step together, state in registers |
 #
 # `mode="states"` runs the first four; `mode="fused"` runs the first two and the fused one. In the
-# plain forward the intra kernel fills $A$ only for chunks past the split's bound, and the output
-# (or fused) kernel builds $A$ of the others itself; a forward that keeps $A$ for the backward has
+# plain forward the intra kernel fills $P$ only for chunks past the split's bound, and the output
+# (or fused) kernel builds $P$ of the others itself; a forward that keeps $P$ for the backward has
 # the intra kernel fill all of it. One load, $b$ at the chunk's last token (`gated._split_flag`,
-# read by both kernels), decides, so every chunk's $A$ is built exactly once. For
-# per-head gates the decay leaves the sum over $\kappa$, so $A = (QK^\top)\odot e^{\,b_t-b_s}$ is one
+# read by both kernels), decides, so every chunk's $P$ is built exactly once. For
+# per-head gates the decay leaves the sum over $\kappa$, so $P = (QK^\top)\odot e^{\,b_t-b_s}$ is one
 # matmul inside the output step and the intra kernel is skipped; for linear attention ($g=0$) the
 # same kernels run with the gate compiled out and no $b$ at all (chapter 09).
 #
-# A design that lost: the per-dimension case can also run without $A$ and $b$ in memory, each
-# kernel summing its own gates and the output kernel building the secondary-chunking tiles of $A$
+# A design that lost: the per-dimension case can also run without $P$ and $b$ in memory, each
+# kernel summing its own gates and the output kernel building the secondary-chunking tiles of $P$
 # on chip. On an H200 (bf16, $T = 1024$, $B = 32$, $H = 16$, $K = V = 128$; triton 3.6,
 # 2026-11-21) that version took 3.24 ms against about 1.8–1.9 ms for separate kernels; its state
 # pass alone took 0.69 ms, three times FLA's 0.22 ms for the same step (a likely reason: its
 # `tl.cumsum` of a $[C, 64]$ tile runs across warps in every chunk step, where a states kernel
 # just reads $b$). Saving memory traffic is not always saving time (§6 measures ways of dropping
-# $b$ alone). The split of §3b does get $A$ on chip, for the chunks whose gates allow it, and at
+# $b$ alone). The split of §3b does get $P$ on chip, for the chunks whose gates allow it, and at
 # lower cost: one tensor-core product per chunk instead of tiles and a row walk, with $b$ still
 # summed once.
 
@@ -141,19 +144,20 @@ assert testing.rel_err(b, b_ref) < testing.tolerance(torch.float32)
 # %% [markdown]
 # ## 3. The intra-chunk matrix: secondary chunking as a kernel
 #
-# This kernel builds $A$ for every chunk when the backward needs it, and otherwise only for the
+# This kernel builds $P$ for every chunk when the backward needs it, and otherwise only for the
 # chunks that §3b cannot split. One program owns the $c$ rows of sub-chunk $i$ of one chunk.
-# With $r$ the cumulative gate just before sub-chunk $i$ (a row of $b$, or $0$ for the first
-# sub-chunk), it loads its queries once and absorbs the decay relative to $r$:
+# With $r = ic$ the last position before sub-chunk $i$ (chapter 05's notation: $b_r$ is a row of
+# $b$, $b_0 = 0$ for the first sub-chunk), it loads its queries once and absorbs the decay
+# relative to $b_r$ ($Q_{[i]}$, $G_{[i]}$: the rows of sub-chunk $i$):
 #
-# $$\hat Q_i = Q_i\odot e^{\,B_i-r}\quad(\le |Q_i|),\qquad
-#   \text{for each } j<i:\ \hat K_j = K_j\odot e^{\,r-B_j}\quad(\le |K_j|),\qquad
-#   A_{ij} = \hat Q_i\hat K_j^\top .$$
+# $$\hat Q_{[i]} = Q_{[i]}\odot e^{\,G_{[i]}-b_r}\quad(\le |Q_{[i]}|),\qquad
+#   \text{for each } j<i:\ \hat K_{[j]} = K_{[j]}\odot e^{\,b_r-G_{[j]}}\quad(\le |K_{[j]}|),\qquad
+#   P_{[i][j]} = \hat Q_{[i]}\hat K_{[j]}^\top .$$
 #
 # Both operands are cast to the input dtype, so for bf16 inputs each off-diagonal tile is one
 # tensor-core `tl.dot` with float32 accumulation.
 #
-# The diagonal tile $A_{ii}$ has no split point between its queries and keys (chapter 05), so
+# The diagonal tile $P_{[i][i]}$ has no split point between its queries and keys (chapter 05), so
 # it is built in float32, row by row. Computing $e^{\,b_{t\kappa}-b_{s\kappa}}$ afresh for
 # every row costs $c\cdot K$ exponentials per row — at the benchmark size about 2000 per token
 # per head, a quarter of a millisecond of the GPU's special-function units alone. The kernel
@@ -162,22 +166,22 @@ assert testing.rel_err(b, b_ref) < testing.tolerance(torch.float32)
 #
 # $$R_t[s,:] = R_{t-1}[s,:]\odot e^{\,g_t}\ (s<t),\qquad R_t[t,:]=k_t,\qquad R_t[s,:] = 0\ (s>t),$$
 #
-# $$A_{ts} = \sum_\kappa q_{t\kappa}\,R_t[s,\kappa].$$
+# $$P_{ts} = \sum_\kappa q_{t\kappa}\,R_t[s,\kappa].$$
 #
 # One exponential per key dimension per row (of the gate $g_t$ itself, read from $g$), every
 # factor $\le 1$ (products that underflow become 0, which is what they are), and entries $s>t$
-# are exact zeros, never a masked $\infty$. Row $t$ of $A$ is one contiguous vector, stored
+# are exact zeros, never a masked $\infty$. Row $t$ of $P$ is one contiguous vector, stored
 # straight to memory; the next row's query and gate are loaded while this row is computed. And
 # since $R_t$ is zero below row $t$, the kernel keeps the key rows in two halves: while
 # $t < c/2$ the second half is all zeros and skipped, after that the first half only decays.
 #
 # Walking the *columns* instead (from the last to the first, with the decay tile
-# $E_s[t] = e^{b_t-b_s}$) is the same arithmetic, but a column of $A$ must be pasted into a
+# $E_s[t] = e^{b_t-b_s}$) is the same arithmetic, but a column of $P$ must be pasted into a
 # register tile or stored with a stride; compiled for an H200 that walk had seven barriers and
 # two waited loads in every step, and the kernel took twice as long (0.89 ms against 0.41 at the
 # benchmark size, bf16, 2026-11-23).
 #
-# Check each chunk's $A$ against chapter 05's PyTorch construction (float32 here, so the tiles
+# Check each chunk's $P$ against chapter 05's PyTorch construction (float32 here, so the tiles
 # multiply in float32 in both):
 
 # %%
@@ -195,7 +199,7 @@ print("A per chunk, rel err vs float64:", " ".join(f"{e:.1e}" for e in errs))
 assert max(errs) < testing.tolerance(torch.float32)
 
 # %% [markdown]
-# The map of one chunk of $A$ (log scale of $|A_{ts}|$): sub-chunk tiles below the diagonal come
+# The map of one chunk of $P$ (log scale of $|P_{ts}|$): sub-chunk tiles below the diagonal come
 # from matmuls, the diagonal tiles from the float32 row walk, and the decay shows as the
 # fading away from the diagonal.
 
@@ -230,13 +234,13 @@ print("kernel's A finite on every entry it writes:", finite)
 assert finite
 
 # %% [markdown]
-# ## 3b. The split: $A$ as one product where the gates allow
+# ## 3b. The split: $P$ as one product where the gates allow
 #
 # Secondary chunking exists because the decay sits inside the sum over $\kappa$. Yet each factor
 # splits at the chunk start:
 #
 # $$e^{\,b_{t\kappa}-b_{s\kappa}} = e^{\,b_{t\kappa}}\cdot e^{-b_{s\kappa}}
-#   \qquad\Longrightarrow\qquad A = \mathrm{tril}\big((Q\odot e^{B})\,(K\odot e^{-B})^\top\big),$$
+#   \qquad\Longrightarrow\qquad P = \mathrm{tril}\big((Q\odot e^{G})\,(K\odot e^{-G})^\top\big),$$
 #
 # one $C\times C$ tensor-core product per chunk — no sub-chunks, no row walk. The first factor is
 # $\le 1$; the second is $\ge 1$ and, since $b$ only falls along a chunk ($g\le 0$), at most
@@ -257,10 +261,10 @@ assert finite
 # reaches about $-640$ at $C = 64$ (down to $-1280$): $e^{-b}$ overflows float32 (and $e^{1280}$
 # even float64), while $e^{b}$ underflows to 0, and $0\cdot\infty$ is NaN. One load decides:
 # `gated._split_flag` reads $b$ at the chunk's last token, its lowest. In the plain forward
-# `_intra_kernel` (`intra_attention(..., skip_split=True)`) fills $A$ only for chunks that fail
-# the test — for the others its programs return at once — and the output kernel builds $A$ for
-# the chunks that pass, so every chunk's $A$ is built by exactly one of them. The backward reads
-# $A$ of every chunk, so a forward that keeps $A$ for it runs `_intra_kernel` on all chunks.
+# `_intra_kernel` (`intra_attention(..., skip_split=True)`) fills $P$ only for chunks that fail
+# the test — for the others its programs return at once — and the output kernel builds $P$ for
+# the chunks that pass, so every chunk's $P$ is built by exactly one of them. The backward reads
+# $P$ of every chunk, so a forward that keeps $P$ for it runs `_intra_kernel` on all chunks.
 #
 # Which chunks split, for the chapter's inputs (normal gates) and the strong ones of §3:
 
@@ -285,7 +289,7 @@ assert split_chunks(b, C).all() and not split_chunks(b_strong, C).any()
 # %% [markdown]
 # The product is the same matrix as §3's tiles: per chunk, in float64, against the kernel's
 # secondary chunking. **What breaks if** a chunk past the bound is split anyway, in float32 as
-# the kernel would: $\infty\cdot 0$ in the product, NaN in $A$.
+# the kernel would: $\infty\cdot 0$ in the product, NaN in $P$.
 
 # %%
 errs = []
@@ -396,7 +400,10 @@ print(f"past the bound: GLA's sigmoid without τ {dist['gla_raw']['frac_chunks_p
       f"(with Δ_bias = 0: {dist['kda_init_dt0']['frac_chunks_past_bound']:.0%})")
 print(f"KDA trained in chapter 14: strongest chunk decays by {dist['ch14_kda']['max']:.0f} "
       f"(bound {decay.SPLIT_RANGE:.0f}), {dist['ch14_kda']['frac_chunks_past_bound']:.0%} past it")
+print(f"largest chunk decay as initialised: Mamba-2 {dist['mamba2_init']['max']:.0f}, KDA "
+      f"{dist['kda_init']['max']:.0f} (e^-b overflows float32 past 88)")
 assert all(dist[k]["frac_chunks_past_bound"] == 0 for k in gla_keys)
+assert min(dist["mamba2_init"]["max"], dist["kda_init"]["max"]) > 88
 assert dist["kda_init"]["frac_chunks_past_bound"] > 0.05 and dist["mamba2_init"]["frac_chunks_past_bound"] > 0
 
 # %% [markdown]
@@ -417,20 +424,20 @@ assert dist["kda_init"]["frac_chunks_past_bound"] > 0.05 and dist["mamba2_init"]
 #
 # The only inherently sequential part: one program per (K-block, V-block, batch·head) walks the
 # chunks, stores the state it enters each chunk with, and steps it:
-# $S \leftarrow \mathrm{diag}(e^{b_\text{last}})S + (K\odot e^{\,b_\text{last}-B})^\top V$ — one
+# $S \leftarrow \mathrm{diag}(e^{b_C})S + (K\odot e^{\,b_C-G})^\top V$ — one
 # `tl.dot` per chunk, $[K_b, C]\times[C, V_b]$. Split over K and V blocks, the columns and rows of
 # $S$ evolve independently, so blocks add parallelism for free.
 #
 # Because the loop is sequential, each chunk's loads must be in flight while the previous chunk
 # is being multiplied: Triton *software-pipelines* the loop, issuing the asynchronous copies of
 # the next chunks' $k$, $v$ and $b$ tiles ahead (`num_stages` copies in shared memory). It does
-# so only if every load in the loop feeds a `tl.dot` operand. **What breaks if** $b_\text{last}$
+# so only if every load in the loop feeds a `tl.dot` operand. **What breaks if** $b_C$
 # is loaded on its own to scale $S$ (the dot's accumulator) and nowhere else: the compiled loop
 # (sm_90) then waits on its $k$ and $v$ loads every chunk — visible without a GPU, by compiling
 # the kernel for sm_90 on a CPU as chapter 11 describes and counting the asynchronous copies
 # (`LDGSTS`) against plain loads (`LDG`) in the SASS — and the per-head state pass at
 # $T = 32768$ took 0.61 ms instead of 0.39 (H200, bf16, triton 3.6). So the step takes
-# $b_\text{last}$ into the key decay $e^{b_\text{last}-b}$, and with per-dimension gates reads it
+# $b_C$ into the key decay $e^{b_C-b}$, and with per-dimension gates reads it
 # off the $b$ tile it already holds.
 #
 # Block shapes, measured on an H200 (bf16, triton 3.6, $K=V=128$, 32768 tokens, 2026-11-23),
@@ -463,13 +470,13 @@ assert testing.rel_err(S_T, S_end) < testing.tolerance(torch.float32)
 # %% [markdown]
 # ## 5. The output, in both modes
 #
-# Given $A$ and the entering state, a chunk's output is two matmuls:
-# $O = \text{scale}\,\big((Q\odot e^{B})S + AV\big)$ — $A$ cast to the input dtype for the tensor
+# Given $P$ and the entering state, a chunk's output is two matmuls:
+# $O = \text{scale}\,\big((Q\odot e^{G})S + PV\big)$ — $P$ cast to the input dtype for the tensor
 # cores, the causal half selected with `tl.where` (a select, not a product, so entries never
-# written cannot leak). For a chunk that splits (§3b) $A$ is a third product, made in the same
+# written cannot leak). For a chunk that splits (§3b) $P$ is a third product, made in the same
 # program. `mode="states"` does this for every chunk in parallel from the stored states — with the
 # split, its programs are 128 columns of $V$ wide (`gated.output_blocks`), so $q$, $k$ and $b$ are
-# loaded and $A$ is built once per chunk, not once per 64 columns; `mode="fused"` does it inside
+# loaded and $P$ is built once per chunk, not once per 64 columns; `mode="fused"` does it inside
 # the chunk loop, right before the state step, and never stores a state. Check both against the
 # float64 recurrence, for each dtype and both gate shapes:
 
@@ -618,12 +625,12 @@ else:
 # * **Against FLA.** The aim for these kernels is a forward no slower than FLA's at every $T$; the
 #   lines above list where each op meets it. In the recorded run GLA with per-dimension gates is
 #   ahead at every length, mostly through the split of §3b: for these gates the intra kernel has
-#   no chunk to build and returns at once, and the output kernel makes $A$ with one product.
+#   no chunk to build and returns at once, and the output kernel makes $P$ with one product.
 #   Per kernel (`tools/profile_ops.py`, which times every kernel of both; H200, bf16, $T = 1$k,
 #   $B = 32$, $H = 16$, $K = V = 128$, triton 3.6.0, fla-core 0.6.0, 2026-11-23), in ms: ours
 #   output 0.352 + states 0.241 + cumulative gates 0.125 + intra 0.024 = 0.75; FLA's two kernels
 #   for the intra-chunk matrix alone take 0.477 + 0.288, then output 0.252, states 0.218,
-#   cumulative gates 0.126 and 0.04 of elementwise work. Building $A$ by secondary chunking for
+#   cumulative gates 0.126 and 0.04 of elementwise work. Building $P$ by secondary chunking for
 #   every chunk instead costs 0.417 in the intra kernel (output 0.297): 1.08 ms in all. Summing
 #   the raw gates inside each kernel instead of in a launch of their own (no $b$ written or read)
 #   was slower still: the scan in the sequential state loop took the state pass from 0.24 to
@@ -700,8 +707,8 @@ else:
 # %% [markdown]
 # The shape of the paper's left panel is there: softmax attention's time doubles with $T$ while
 # GLA's stays nearly flat, so the lines cross. Where they cross depends on how fast each kernel
-# is: the paper's GLA overtakes FlashAttention-2 between 2k and 4k (forward and backward, on an
-# A100). In this forward-only setting ours overtakes causal SDPA from $T = 4096$ in the recorded
+# is: the paper's GLA overtakes FlashAttention-2 between 2k and 4k (forward and backward; the
+# paper does not name the GPU of its Figure 2). In this forward-only setting ours overtakes causal SDPA from $T = 4096$ in the recorded
 # run (H200, bf16, 2026-11-23; the printed line above, or the live one on a GPU, says where),
 # and FLA's `chunk_gla` from 8k. Near the crossing the two times are close, so which side of
 # it a length falls on can change from run to run. Our aim — GLA faster than SDPA from
@@ -711,7 +718,7 @@ else:
 # ## 8. Figure 2, right: intra- against inter-chunk time as $C$ grows
 #
 # The chunk size moves work between the two halves. Per token, the **intra** part (the $C\times C$
-# matrix and $AV$) costs $O(C(K+V))$ — it grows with $C$; the **inter** part (states) costs
+# matrix and $PV$) costs $O(C(K+V))$ — it grows with $C$; the **inter** part (states) costs
 # $O(KV)$ per token whatever $C$ is, but its sequential pass takes $T/C$ steps, and the states it
 # stores number $T/C$ per head — both shrink as $C$ grows. A cost model at the benchmark size
 # makes the two trends concrete (FLOPs of each part, and the length of the sequential pass):
@@ -749,15 +756,15 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The paper measured (A100, its own kernels) intra rising from 1.8 to 5 ms and inter falling from
+# The paper measured (its own kernels, on a GPU it does not name) intra rising from 1.8 to 5 ms and inter falling from
 # 2.9 to 1.3 ms as $C$ goes from 16 to 256. Our division: inter = cumulative gates + the state
 # pass (`gated.chunk_states`), intra = the rest of a `mode="states"` call (the intra kernel and the
-# output kernel, which builds $A$ of the split chunks and also does $QS$). On a GPU the next cell
+# output kernel, which builds $P$ of the split chunks and also does $QS$). On a GPU the next cell
 # measures it live for $C = 16\dots256$; on a CPU it shows the recorded sweep of the same sizes
 # (`tools/bench.py --suite chunks`, $T = 8192$, $B = 4$, states mode; its caption names the run).
 #
 # $C = 128$ and $256$ need two things from the kernels. The output step goes in row blocks of 64
-# rows (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $A$ is
+# rows (`gated.ROW_BLOCK`), each adding the column blocks up to its diagonal, so no tile of $P$ is
 # larger than $64\times64$. The state pass launches with the most software-pipeline stages that fit
 # in shared memory (`linattn.triton.common.launch`: 3, else 2, else 1): at $C = 256$, three stages
 # of the k, v and float32 gate tiles would need 257 KB, over the H200's 227 KB.
@@ -828,9 +835,9 @@ else:
 #   the state pass and the output fused into one loop with the state in registers.
 # * The split: where a chunk decays by less than $e^{60}$ in every key dimension (every measured
 #   chunk of GLA's $\tau = 16$ gates, initialised or trained; far from all of Mamba-2's or KDA's as
-#   initialised), $A = \mathrm{tril}((Q\odot e^{B})(K\odot e^{-B})^\top)$ is one product, built
-#   in the output kernel; the intra kernel fills $A$ only for the chunks past the bound (all of
-#   them when the backward needs $A$). One load of $b$ decides for both kernels.
+#   initialised), $P = \mathrm{tril}((Q\odot e^{G})(K\odot e^{-G})^\top)$ is one product, built
+#   in the output kernel; the intra kernel fills $P$ only for the chunks past the bound (all of
+#   them when the backward needs $P$). One load of $b$ decides for both kernels.
 # * Every other exponent is a difference measured from a point before the query: all factors
 #   $\le 1$, finite for log-gates of −20 per token, where the split would give $0\cdot\infty$.
 # * Fused keeps the state on chip but has only $B\cdot H\cdot V/B_V$ programs; materialising the
