@@ -488,8 +488,9 @@ else:
 # chunks' C×C matrices for the backward, as the table's memory columns show). KDA's gate stage
 # (step 4 of §9) is where its per-dimension gates cost most: it takes the forward's split, so its
 # sums over a chunk are tensor-core products wherever the chunk's gates decay by less than
-# $e^{60}$ — always, for these gates — and walks the chunk one gate factor at a time only past
-# that bound.
+# $e^{60}$ — every chunk of these benchmark gates, $\log\sigma(x)/16$, though not of KDA's own gates
+# as initialised (chapter 10 §3b) — and walks the chunk one gate factor at a time only past that
+# bound.
 
 # %% [markdown]
 # ## 9. The delta rules
