@@ -168,7 +168,7 @@ assert err < testing.tolerance(torch.float64)
 
 # %% [markdown]
 # **Could we factor it?** $e^{\,b_t - b_j} = e^{\,b_t}\cdot e^{-b_j}$, so
-# $P = \big((Q\odot e^{G})(K\odot e^{-G})^\top\big)\odot M$ *is* a matrix product ($G$ stacks the rows
+# $P = \operatorname{tril}\big((Q\odot e^{G})(K\odot e^{-G})^\top\big)$ *is* a matrix product ($G$ stacks the rows
 # $b_t$). But $b_j$ keeps decreasing along the sequence, so $e^{-b_j}$ grows without bound. With the
 # GLA gates of section 1 (their mean $\log\alpha$ is printed there):
 
