@@ -182,3 +182,14 @@ def test_split_bound(gate, per_token, dtype):
     args = testing.make_inputs("kda", B=1, T=128, H=2, K=32, V=32, dtype=dtype, gate=gate, seed=4)
     args["g"] = torch.full_like(args["g"], per_token)
     check(chunk.kda, args, naive.kda, dtype, chunk_size=64)
+
+
+@pytest.mark.parametrize("op,gate", [("delta_rule", "per_dim"), ("kda", "per_dim"), ("kda", "per_head")])
+def test_huge_chunk_size_is_clamped_to_the_sequence(op, gate):
+    # chunk_size=2**20 on 20 tokens tried to build [.., 2^20, 2^20] matrices (4.4 TB); every chunk
+    # size gives the same result, so the level runs a chunk of the next power of two ≥ T.
+    args = testing.make_inputs(op, B=1, T=20, H=2, K=16, V=16, gate=gate, dtype=torch.float64)
+    o, S = getattr(chunk, op)(**args, chunk_size=2**20, output_final_state=True)
+    ref, S_ref = getattr(naive, op)(**args, output_final_state=True)
+    assert testing.rel_err(o, ref) < testing.tolerance(torch.float64)
+    assert testing.rel_err(S, S_ref) < testing.tolerance(torch.float64)

@@ -255,3 +255,16 @@ def test_split_bound(gate, per_token, dtype):
     o_ref, S_ref = reference(args)
     assert testing.rel_err(o, o_ref) <= testing.tolerance(dtype)
     assert testing.rel_err(S, S_ref) <= state_tolerance(dtype)
+
+
+@pytest.mark.parametrize("gate", ["per_dim", "per_head"])
+def test_huge_chunk_and_sub_chunk_sizes_are_clamped(gate):
+    # Every chunk size gives the same result: 2**20 on 20 tokens runs one chunk of 32, not 2^20.
+    args = testing.make_inputs("gla", B=1, T=20, H=2, K=16, V=16, gate=gate, dtype=torch.float64)
+    ref, S_ref = naive.gla(**args, output_final_state=True)
+    for C, c in [(2**20, 16), (2**20, 2**20), (64, 64)]:
+        o, S = chunk.gla(**args, chunk_size=C, sub_chunk_size=c, output_final_state=True)
+        assert testing.rel_err(o, ref) < testing.tolerance(torch.float64)
+        assert testing.rel_err(S, S_ref) < testing.tolerance(torch.float64)
+    o, _ = chunk.linear_attn(**{n: args[n] for n in "qkv"}, chunk_size=2**20)
+    assert testing.rel_err(o, naive.linear_attn(**{n: args[n] for n in "qkv"})[0]) < 1e-10

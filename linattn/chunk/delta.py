@@ -69,7 +69,8 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
-    return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute)
+    return _run(q, k, v, None, beta, d, initial_state, output_final_state, _clamp(chunk_size, d.T),
+                recompute)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -82,7 +83,15 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                      gate=True, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
-    return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute)
+    return _run(q, k, v, g, beta, d, initial_state, output_final_state, _clamp(chunk_size, d.T),
+                recompute)
+
+
+def _clamp(chunk_size, T):
+    """The chunk size that runs: every chunk size gives the same result, so a sequence shorter
+    than one chunk gets a chunk of the next power of two ≥ T (chunk_size=2**20 on 20 tokens must
+    not build [.., 2^20, 2^20] matrices)."""
+    return min(chunk_size, 1 << (T - 1).bit_length())
 
 
 def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):

@@ -51,9 +51,11 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     check_chunk(chunk_size, sub_chunk_size)
     mm = _matmul_dtype(inter_dtype, q.dtype)
     # Every chunk size gives the same result, so a sequence shorter than one chunk is padded only
-    # to whole sub-chunks (chunk_size=4096 on 10 tokens must not build 4096 × 4096 tiles).
-    C = min(chunk_size, -(-d.T // sub_chunk_size) * sub_chunk_size)
-    plan = Plan(d, C, sub_chunk_size, mm, bool(recompute))
+    # to whole sub-chunks (chunk_size=4096 on 10 tokens must not build 4096 × 4096 tiles), and a
+    # sub-chunk longer than the sequence is cut to the next power of two ≥ T (then C = c).
+    c = min(sub_chunk_size, 1 << (d.T - 1).bit_length())
+    C = min(chunk_size, -(-d.T // c) * c)
+    plan = Plan(d, C, c, mm, bool(recompute))
     if needs_grad(q, k, v, g, initial_state):
         o, S = ChunkwiseGated.apply(q, k, v, g, initial_state, plan)
     else:
