@@ -253,4 +253,59 @@ print("progress is kept in", linattn.grade.progress.home())
 # Each chapter states its goal, develops the math, builds the idea in a few lines of code,
 # checks it against the previous level with an `assert`, and shows figures where a picture says
 # more than a table; "what breaks if…" sections break things on purpose. Read a chapter, run it,
-# change the sizes, then open its workbook. Chapter 01 starts from softmax attention.
+# change the sizes, then open its workbook. Chapter 01 starts from softmax attention. The symbols
+# are fixed once, for the whole book, in the next section; come back to it when a letter is
+# unclear.
+
+# %% [markdown]
+# ## Notation
+#
+# Every chapter uses these symbols in these meanings. The source documents use others (each
+# chapter translates them where it uses a source); where a symbol has a second meaning, the
+# table says how to tell them apart.
+#
+# **Sizes and layout.**
+#
+# | symbol | meaning |
+# |---|---|
+# | $B$, $T$, $H$ | batch size, sequence length (tokens), number of heads: tensors are `[B, T, H, …]` |
+# | $K$, $V$ | head dimensions of queries/keys and of values: `q`, `k` are `[B, T, H, K]`, `v` is `[B, T, H, V]`. As matrices, $Q$, $K$, $V$ also stack a chunk's rows $q_i$, $k_i$, $v_i$; a size appears only in shapes ($K\times V$) and ranges |
+# | $C$, $c$ | chunk size, sub-chunk size (secondary chunking); $N = \lceil T/C\rceil$ chunks |
+# | $X_{[n]}$, $X_{[i]}$ | the rows of $X$ in chunk $n$, or in sub-chunk $i$ of a chunk; $P_{[i][j]}$ a tile of sub-chunks |
+#
+# **Positions.** The math counts from 1: tokens $t = 1, \dots, T$, positions inside a chunk
+# $i, j = 1, \dots, C$ ($i$ usually a query, $j$ a key), chunks $n = 1, \dots, N$ with $S_{[n]}$ the
+# state after chunk $n$ and $S_{[0]} = S_0$ the initial state. Indices that name array positions
+# count from 0, as Python does, and the text says so where they appear: sub-chunks (sub-chunk $i$
+# holds positions $ic+1, \dots, (i+1)c$, so $r = ic$ is the last position before it), the maps of a
+# scan in chapter 08 and the ranks of context parallelism.
+#
+# **State and outputs.**
+#
+# | symbol | meaning |
+# |---|---|
+# | $S$ | the state, $K\times V$; rows belong to key dimensions. Vectors $q_t$, $k_t$, $v_t$ are **rows**, so $k_t^\top v_t$ is $K\times V$ and a transition acts on the **left**: $S_t = M_t S_{t-1} + B_t$ |
+# | $o_t = \text{scale}\cdot q_t S_t$ | the output; `scale` $= K^{-1/2}$ by default. `scale` appears only here, on outputs: the score matrices $P$, $A_{qk}$ below do not contain it (a kernel that stores a scaled copy says so) |
+# | $(M, B)$ | an affine map $S' = MS + B$ of a token, a chunk or a slice ($M$: $K\times K$, $B$: $K\times V$); next to $M$, or as $B_n$, $B_r$, $B$ is this bias, not the batch size |
+# | $Q^{\text{eff}}$, $O_0$ | a chunk's outputs as an affine function of its entering state, $O = Q^{\text{eff}}S + O_0$ (chapters 07–08; the library's `ChunkMaps.P`) |
+#
+# **Gates and their sums.**
+#
+# | symbol | meaning |
+# |---|---|
+# | $g_t \le 0$ | the log-gate (log-decay) of token $t$: a vector in $\mathbb R^K$ (GLA, KDA) or one number per head (RetNet, Mamba-2, Gated DeltaNet); $\alpha_t = e^{g_t}$ the gate, $D_t = \operatorname{diag}(e^{g_t})$ |
+# | $b_i$ | the cumulative log-gate $g_1 + \dots + g_i$ from the chunk start (restarted at every chunk; $b_0 = 0$, $b_C$ the whole chunk). In a whole-sequence formula (a parallel form) $b_t$ sums from the sequence start |
+# | $G$ | the $C\times K$ matrix whose row $i$ is $b_i$ ($G_{[i]}$: the rows of sub-chunk $i$), so $Q\odot e^{G}$ has rows $q_i\odot e^{b_i}$ |
+# | $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$ | query-side decay (chunk start to $i$), key-side decay ($j$ to the chunk end), total decay of the chunk (`decay.query_decay`, `key_decay`, `total_decay`). RetNet's constant per-head decay carries a head subscript, $\gamma_h$ |
+# | $D_{ij} = e^{b_i - b_j}$ | the causal decay mask ($i \ge j$, zero above) of a scalar gate |
+# | $\beta_t$ | the delta rule's write strength, $\beta_t \in (0, 1)$ from a sigmoid ($(0, 2)$ in the negative-eigenvalue variant) |
+#
+# **Matrices inside a chunk.**
+#
+# | symbol | meaning |
+# |---|---|
+# | $P$ | (gated) linear attention's score matrix: $P_{ij} = \sum_\kappa q_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa} - b_{j\kappa}}$ for $i \ge j$, 0 above (chapters 03–05, 10); no `scale` |
+# | $A$ | the delta rule's strictly lower triangular matrix, $A_{ij} = \beta_i \sum_\kappa k_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa} - b_{j\kappa}}$ for $i > j$ (chapters 07, 11, 12) |
+# | $A_{qk}$ | the delta rule's query–key scores, $(A_{qk})_{ij} = \sum_\kappa q_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa} - b_{j\kappa}}$ for $i \ge j$; no `scale` |
+# | $\mathcal T = (I + A)^{-1}$ | unit lower triangular; calligraphic, because $T$ is the sequence length |
+# | $U$, $W$, $\tilde V$ | the WY factors, $U = \mathcal T\operatorname{diag}(\beta)V$, $W = \mathcal T\operatorname{diag}(\beta)(K\odot e^{G})$, and the β-weighted residuals $\tilde V = U - WS$ |
