@@ -38,8 +38,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 #
 # 1. **WY/UT** — every chunk at once, in two kernels: the factors $A_{qk}$ and $(I+A)^{-1}$ (for
 #    KDA also $W$), then $U$ (and $W$ for the others);
-# 2. **the affine state pass** — chunk after chunk: $\tilde V = U - WS$, $S \leftarrow e^{G_C} S + \tilde K^\top \tilde V$;
-# 3. **the output** — every chunk at once: $O = \text{scale}\,(Q\odot e^{G})S + A_{qk}\tilde V$.
+# 2. **the affine state pass** — chunk after chunk: $\tilde V = U - WS$, $S \leftarrow e^{b_C} S + \tilde K^\top \tilde V$;
+# 3. **the output** — every chunk at once: $O = \text{scale}\,\big((Q\odot e^{G})S + A_{qk}\tilde V\big)$.
 #
 # We look at how each stage maps to programs and `tl.dot`, why no exponential in them can
 # overflow even with log-gates of $-20$ per token, check each stage against `linattn.chunk`,
@@ -67,28 +67,31 @@ DEV = linattn.device.default_device()
 # %% [markdown]
 # ## 1. The recipe, and who computes what
 #
-# Recall the chunk form (chapter 08, `linattn/chunk/delta.py`). A chunk of $C$ tokens enters with
-# state $S\in\mathbb R^{K\times V}$; $G_i = g_1+\dots+g_i$ sums the log-decays from the chunk
-# start (a vector per token for KDA, a number for Gated DeltaNet, $0$ for DeltaNet). Then
+# Recall the chunk form (chapter 07, `linattn/chunk/delta.py`). A chunk of $C$ tokens enters with
+# state $S\in\mathbb R^{K\times V}$; $b_i = g_1+\dots+g_i$ sums the log-decays from the chunk
+# start (a vector per token for KDA, a number for Gated DeltaNet, $0$ for DeltaNet), and the
+# $C\times K$ matrix $G$ stacks the rows $b_i$. Then
 #
-# $$A_{ij} = \beta_i \sum_d k_{id}k_{jd}\,e^{G_{id}-G_{jd}}\ (i>j),\qquad
+# $$A_{ij} = \beta_i \sum_d k_{id}k_{jd}\,e^{b_{id}-b_{jd}}\ (i>j),\qquad
 #   \mathcal T = (I+A)^{-1},\qquad U = \mathcal T\,\mathrm{diag}(\beta)V,\qquad
 #   W = \mathcal T\,\mathrm{diag}(\beta)(K\odot e^{G}),$$
 #
 # $$\tilde V = U - W S,\qquad
-#   O = \text{scale}\,(Q\odot e^{G})\,S + A_{qk}\tilde V,\qquad
-#   S' = e^{G_C}\odot S + (K\odot e^{G_C-G})^\top \tilde V,$$
+#   O = \text{scale}\,\big((Q\odot e^{G})\,S + A_{qk}\tilde V\big),\qquad
+#   S' = e^{b_C}\odot S + (K\odot e^{b_C-G})^\top \tilde V,$$
 #
-# with $(A_{qk})_{ij} = \text{scale}\sum_d q_{id}k_{jd}e^{G_{id}-G_{jd}}$ for $j\le i$. Only the middle
+# with $(A_{qk})_{ij} = \sum_d q_{id}k_{jd}e^{b_{id}-b_{jd}}$ for $j\le i$, as in chapter 07 (the kernels
+# store $\text{scale}\,A_{qk}$ and $\text{scale}\,Q\odot e^{G}$, so stage 3 needs no multiply by
+# `scale`). Only the middle
 # line involves $S$. So the work splits into three stages, the first of them two kernels (for
 # KDA a third one that runs only where the gates decay very fast):
 #
 # | stage | program grid | what one program holds | the dots |
 # |---|---|---|---|
 # | 1a factors `_factor_kernel` (DeltaNet, Gated DeltaNet) | (chunk, head) | $K,Q$ tiles $[C,K]$, and $K$ again as four 16-row blocks | $QK^\top$; the ten 16×16 blocks of $KK^\top$, inverted in registers; writes $A_{qk}$ and $\mathcal T=(I+A)^{-1}$ |
-# | 1a KDA factors `_kda_split_kernel` | (chunk, head) | four 16-row blocks of $K\odot e^{G}$, $K\odot e^{-G}$, $Q\odot e^{G}$ | the ten blocks of $A$ and of $A_{qk}$, $A$ inverted in registers, then $W = \mathcal T(\beta K\odot e^G)$; writes $A_{qk}$, $\mathcal T$, $W$, $\tilde K = K\odot e^{G_C-G}$, $e^{G_C}$, $\text{scale}\,Q\odot e^{G}$, and flags chunks whose gates decay too fast |
+# | 1a KDA factors `_kda_split_kernel` | (chunk, head) | four 16-row blocks of $K\odot e^{G}$, $K\odot e^{-G}$, $Q\odot e^{G}$ | the ten blocks of $A$ and of $A_{qk}$, $A$ inverted in registers, then $W = \mathcal T(\beta K\odot e^G)$; writes $A_{qk}$, $\mathcal T$, $W$, $\tilde K = K\odot e^{b_C-G}$, $e^{b_C}$, $\text{scale}\,Q\odot e^{G}$, and flags chunks whose gates decay too fast |
 # | 1b KDA exact `_kda_exact_kernel` | (chunk, head) | a flagged chunk (the others return at once): its rows by 16-row blocks | the same outputs with every exponent $\le 0$ (section 2) |
-# | 1c W/U `_wu_kernel` | (chunk, head, part of 2; KDA: part 2 only) | $\mathcal T$ $[C,C]$ with $K$ and the gates, or with $V$ | $\mathcal T(\beta K\odot e^G)$, storing also $\tilde K$ and $e^{G_C}$; or $\mathcal T(\beta V)$, $B_V$ columns at a time |
+# | 1c W/U `_wu_kernel` | (chunk, head, part of 2; KDA: part 2 only) | $\mathcal T$ $[C,C]$ with $K$ and the gates, or with $V$ | $\mathcal T(\beta K\odot e^G)$, storing also $\tilde K$ and $e^{b_C}$; or $\mathcal T(\beta V)$, $B_V$ columns at a time |
 # | 2 state pass `_state_kernel` | (V-block, head) | $S$ $[K,B_V]$ in registers, loops over chunks | $WS$, $\tilde K^\top\tilde V$ |
 # | 3 output `_output_kernel` | (V-block, chunk, head) | one chunk's $Q$, $S$, $A_{qk}$, $\tilde V$ | $QS$, $A_{qk}\tilde V$ |
 #
@@ -135,9 +138,9 @@ print("exact scores finite:", bool(exact.isfinite().all()))
 
 # %% [markdown]
 # Only the range goes wrong, though. Where the chunk's gates decay by less than 60 in every key
-# dimension ($-G_C < 60$), $e^{-G_j} \le e^{60} \approx 10^{26}$ is far from float32's
+# dimension ($-b_C < 60$), $e^{-b_j} \le e^{60} \approx 10^{26}$ is far from float32's
 # $3\cdot 10^{38}$, and the factorised form is exact up to rounding: each term
-# $k_{id}e^{G_{id}}\cdot k_{jd}e^{-G_{jd}}$ keeps its true size, so rounding the two factors
+# $k_{id}e^{b_{id}}\cdot k_{jd}e^{-b_{jd}}$ keeps its true size, so rounding the two factors
 # (to bf16, say) costs what rounding $k_{id}k_{jd}$ would. bf16 has float32's exponent range;
 # fp16 (largest value 65504) does not, so the kernels do these products in bf16 for fp16 inputs
 # too. How often do chunks stay inside the bound? The benchmarks' mild gates, $\log\sigma(x)/16$,
@@ -173,29 +176,29 @@ assert err < 1e-6
 #   $A_{qk}$ as ten 16×16 blocks — from four 16-row blocks of $K\odot e^{G}$, $K\odot e^{-G}$ and
 #   $Q\odot e^{G}$, one `tl.dot` per block, as the Gated DeltaNet kernel does — so that $A$ is
 #   inverted where it was computed (section 3). With $K\odot e^{G}$ at hand, it also gives
-#   $W = \mathcal T(\beta K\odot e^G)$, and $\tilde K = K\odot e^{G_C-G} = (K\odot e^{-G})\,e^{G_C}$
-#   (two factors in range) and $e^{G_C}$ for the state pass, so that the sequential loop of stage
-#   2 has no exponentials at all. A chunk with $-G_C \ge 60$ in some key dimension is flagged
+#   $W = \mathcal T(\beta K\odot e^G)$, and $\tilde K = K\odot e^{b_C-G} = (K\odot e^{-G})\,e^{b_C}$
+#   (two factors in range) and $e^{b_C}$ for the state pass, so that the sequential loop of stage
+#   2 has no exponentials at all. A chunk with $-b_C \ge 60$ in some key dimension is flagged
 #   (its outputs are kept finite: $e^{-G}$ is capped at $e^{60}$).
 # * `_kda_exact_kernel` redoes the flagged chunks (the others cost it one load of a flag). It
 #   never lets an exponent exceed the bound. It treats the $C\times C$ score matrix in two kinds
 #   of 16×16 blocks:
-#   - **below the diagonal blocks** (row $i$ in block $s$, column $j$ in an earlier one): split
-#     the decay at the last token $b = 16s-1$ before block $s$,
-#     $e^{G_i-G_j} = e^{G_i-G_b}\cdot e^{G_b-G_j}$. Both exponents are $\le 0$ ($i$ after $b$, $j$
-#     up to $b$), so each block is one tensor-core `tl.dot`, in bf16 when the inputs are bf16.
+#   - **below the diagonal blocks** (row $i$ in block $s$, column $j$ in an earlier one; blocks
+#     numbered from 0, positions from 1): split the decay at the last position $p = 16s$ before
+#     block $s$, $e^{b_i-b_j} = e^{b_i-b_p}\cdot e^{b_p-b_j}$. Both exponents are $\le 0$ ($i$ after
+#     $p$, $j$ up to $p$), so each block is one tensor-core `tl.dot`, in bf16 when the inputs are bf16.
 #     Factors that underflow to 0 belong to scores that really are below float32's range.
 #   - **the diagonal blocks**: no boundary lies between $i$ and $j$, so a split must let one
 #     factor exceed 1. The kernel splits at the token before the block, safe when the block's
 #     own 16 gates decay by less than 60; for stronger ones (log-gates of $-20$ per token) it
-#     goes column by column: $E_i = e^{G_i-G_j}$ for all rows $i\ge j$ at once, updated from
+#     goes column by column: $E_i = e^{b_i-b_j}$ for all rows $i\ge j$ at once, updated from
 #     column $j+1$ to $j$ by the factor $e^{g_{j+1}}\le 1$ — one exponential per key dimension
 #     per column, and no exponent is ever positive. Each block sums its own 16 gates from zero:
 #     a small sum rounds less than the chunk's running sum near $-1000$.
 #
 # For Gated DeltaNet the decay is one number per pair $(i,j)$: the factor kernel takes each
-# 16×16 block of $KK^\top$ with one dot and multiplies it by its block of $e^{\min(G_i-G_j,0)}$ —
-# no split needed, and no bound; DeltaNet skips the factor. Its tail $G_C - G_i = g_{i+1}+\dots+g_C$
+# 16×16 block of $KK^\top$ with one dot and multiplies it by its block of $e^{\min(b_i-b_j,0)}$ —
+# no split needed, and no bound; DeltaNet skips the factor. Its tail $b_C - b_i = g_{i+1}+\dots+g_C$
 # is summed from the end of the chunk (`tl.cumsum(…, reverse=True)`), not formed as a difference
 # of two large prefix sums. The picture shows how the exact kernel builds a chunk's $A$ (strict)
 # and $A_{qk}$ (diagonal included):
@@ -332,12 +335,12 @@ report("strong gates", *stage_one(testing.log_gates(g.shape, "strong").to(DEV))[
 # ## 4. Stage 2: the affine pass over chunks
 #
 # With the factors in hand, a chunk acts on its entering state by an *affine map*
-# (chapter 10): $S' = M S + B$ with $M = \mathrm{diag}(e^{G_C}) - \tilde K^\top W$ and
-# $B = \tilde K^\top U$, $\tilde K = K\odot e^{G_C-G}$. The kernel never forms the $K\times K$
+# (chapters 07–08): $S' = M S + B$ with $M = \mathrm{diag}(e^{b_C}) - \tilde K^\top W$ and
+# $B = \tilde K^\top U$, $\tilde K = K\odot e^{b_C-G}$. The kernel never forms the $K\times K$
 # matrix $M$; it applies it through $\tilde V$:
 #
 # $$\tilde V = U - W S \quad(\texttt{tl.dot}: [C,K]\times[K,B_V]),\qquad
-#   S \leftarrow e^{G_C}\odot S + \tilde K^\top \tilde V \quad(\texttt{tl.dot}: [K,C]\times[C,B_V]).$$
+#   S \leftarrow e^{b_C}\odot S + \tilde K^\top \tilde V \quad(\texttt{tl.dot}: [K,C]\times[C,B_V]).$$
 #
 # Columns of $S$ (value dimensions) never mix, so one program owns a block of $B_V$ columns of
 # one head's state and walks all chunks in order; the grid is (V-blocks, heads). That is the
@@ -374,8 +377,8 @@ assert max(e_states, e_vt, e_final) < testing.tolerance(torch.float32)
 # ## 5. Stage 3: the outputs, and the whole kernel against the recurrence
 #
 # Every (V-block, chunk, head) is independent now: two dots,
-# $\text{scale}\,(Q\odot e^{G})\,S_{[n]}$ with the stored entering state and $A_{qk}\tilde V$ with the
-# stored scores. Run it, then compare with the float64 token-by-token recurrence — the ground
+# $\text{scale}\,(Q\odot e^{G})\,S_{[n]}$ with the stored entering state and $\text{scale}\,A_{qk}\tilde V$
+# with the stored scores. Run it, then compare with the float64 token-by-token recurrence — the ground
 # truth of the whole book:
 
 # %%
