@@ -55,12 +55,13 @@ from linattn.grade import check
 # sub-chunk $i$ and key sub-chunk $j$.
 #
 # * Tiles **above** the diagonal ($j > i$) are 0.
-# * A tile **below** the diagonal ($j < i$) is one matrix product. Let $r = i c$ be the first
-#   token of sub-chunk $i$. Every key $n$ of the tile lies before $r$ and every query $m$ at or
-#   after it, so
-#   $$e^{\,b_m - b_n} = \underbrace{e^{\,b_m - b_{r-1}}}_{\le 1\text{, query side}} \cdot \underbrace{e^{\,b_{r-1} - b_n}}_{\le 1\text{, key side}}$$
-#   and $P_{[i][j]} = \big(Q_{[i]} \odot e^{B_{[i]} - b_{r-1}}\big)\big(K_{[j]} \odot e^{\,b_{r-1} - B_{[j]}}\big)^\top$
-#   (take $b_{-1} = 0$). Both exponents are ≤ 0, so nothing can overflow. (In a kernel this
+# * A tile **below** the diagonal ($j < i$) is one matrix product. Count positions in the chunk
+#   from 1 (so $b_0 = 0$) and sub-chunks from 0, as the code does; sub-chunk $i$ holds positions
+#   $ic+1, \dots, (i+1)c$, and $r = ic$ is the last position before it. Every key $n$ of the tile
+#   is at or before $r$ and every query $m$ after it, so
+#   $$e^{\,b_m - b_n} = \underbrace{e^{\,b_m - b_r}}_{\le 1\text{, query side}} \cdot \underbrace{e^{\,b_r - b_n}}_{\le 1\text{, key side}}$$
+#   and $P_{[i][j]} = \big(Q_{[i]} \odot e^{G_{[i]} - b_r}\big)\big(K_{[j]} \odot e^{\,b_r - G_{[j]}}\big)^\top$
+#   ($G_{[i]}$ stacks the rows $b_m$ of sub-chunk $i$; in 0-based code, $b_r$ is `b[i*c - 1]`, and 0 for $i = 0$). Both exponents are ≤ 0, so nothing can overflow. (In a kernel this
 #   product runs on tensor cores in bf16; you may write it in float32.)
 # * A **diagonal** tile ($j = i$) cannot be split like that: for $n \le m$ inside one sub-chunk
 #   one side would need $e^{+(\dots)}$. Compute it in log space:
