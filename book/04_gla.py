@@ -113,11 +113,12 @@ assert (g16 <= 0).all() and (g16.exp() > g1.exp()).all()
 #
 # ## 2. The recurrence
 #
-# The paper (§3.1) writes the gate as an outer product $G_t = \alpha_t^\top \beta_t \in (0,1)^{K\times V}$ of a
-# key-side gate $\alpha_t$ and a value-side gate $\beta_t$, applied elementwise,
-# $S_t = G_t \odot S_{t-1} + k_t^\top v_t$; the GLA Transformer (§3.4) then sets $\beta_t = \mathbf{1}$, so
-# $G_t = \alpha_t^\top \mathbf{1}$. With the state $K\times V$ (the book's convention, and the paper's)
-# that is a diagonal matrix on the left:
+# The paper (§3.1) writes the gate as an outer product $\alpha_t^\top \beta_t \in (0,1)^{K\times V}$ (its
+# $\mathbf G_t$; in this book $G$ is the matrix of cumulative log-gates) of a key-side gate
+# $\alpha_t$ and a value-side gate $\beta_t$ (not the delta rule's $\beta_t$ of chapter 06), applied
+# elementwise, $S_t = (\alpha_t^\top\beta_t) \odot S_{t-1} + k_t^\top v_t$; the GLA Transformer (§3.4)
+# then sets $\beta_t = \mathbf{1}$, leaving $\alpha_t^\top \mathbf{1}$. With the state $K\times V$ (the
+# book's convention, and the paper's) that is a diagonal matrix on the left:
 #
 # $$\boxed{S_t = \operatorname{diag}(\alpha_t)\, S_{t-1} + k_t^\top v_t,\qquad o_t = \text{scale}\cdot q_t S_t}$$
 #
