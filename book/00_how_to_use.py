@@ -262,7 +262,8 @@ print("progress is kept in", linattn.grade.progress.home())
 #
 # Every chapter uses these symbols in these meanings. The source documents use others (each
 # chapter translates them where it uses a source); where a symbol has a second meaning, the
-# table says how to tell them apart.
+# table says how to tell them apart. A letter with a token subscript is not a size: $H_t$ in
+# chapter 06 is a transition, not the number of heads.
 #
 # **Sizes and layout.**
 #
@@ -298,6 +299,7 @@ print("progress is kept in", linattn.grade.progress.home())
 # | $G$ | the $C\times K$ matrix whose row $i$ is $b_i$ ($G_{[i]}$: the rows of sub-chunk $i$), so $Q\odot e^{G}$ has rows $q_i\odot e^{b_i}$ |
 # | $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$ | query-side decay (chunk start to $i$), key-side decay ($j$ to the chunk end), total decay of the chunk (`decay.query_decay`, `key_decay`, `total_decay`). RetNet's constant per-head decay carries a head subscript, $\gamma_h$ |
 # | $D_{ij} = e^{b_i - b_j}$ | the causal decay mask ($i \ge j$, zero above) of a scalar gate |
+# | $K\odot\Gamma$ | the chunk's keys decayed to its end, rows $k_j\odot e^{b_C - b_j}$ (chapter 07 names the matrix $K_{\text{dec}}$, chapter 11 $\tilde K$) |
 # | $\beta_t$ | the delta rule's write strength, $\beta_t \in (0, 1)$ from a sigmoid ($(0, 2)$ in the negative-eigenvalue variant) |
 #
 # **Matrices inside a chunk.**
