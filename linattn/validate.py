@@ -230,9 +230,14 @@ def check_chunk(chunk_size, sub_chunk_size=None, *, power_of_two=False, minimum=
     if not ok(chunk_size):
         _fail(f"chunk_size must be {need}, got {chunk_size!r}")
     if sub_chunk_size is not None:
-        if not ok(sub_chunk_size) or chunk_size % sub_chunk_size:
-            _fail(f"sub_chunk_size must be {need} that divides chunk_size={chunk_size}, "
-                  f"got {sub_chunk_size!r}")
+        if not ok(sub_chunk_size):
+            _fail(f"sub_chunk_size must be {need} that divides chunk_size, got {sub_chunk_size!r}")
+        if chunk_size % sub_chunk_size:
+            # named as chunk_size's error: the caller usually passed only chunk_size, and the
+            # sub-chunk size is its default
+            _fail(f"chunk_size must be a multiple of sub_chunk_size={sub_chunk_size} (e.g. "
+                  f"{', '.join(str(m * sub_chunk_size) for m in (1, 2, 4))}), got {chunk_size}; "
+                  f"or pass a sub_chunk_size that divides {chunk_size}")
 
 
 def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, gate=False,

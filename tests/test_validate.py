@@ -124,3 +124,15 @@ def test_scale_range(fn, scale):
         fn(**args, scale=scale)
     o, _ = fn(**args, scale=1e4)
     assert torch.isfinite(o).all()
+
+
+def test_chunk_size_not_a_multiple_of_the_default_sub_chunk_size():
+    # The caller passed only chunk_size: the error names it (not the default sub_chunk_size) and
+    # says which values are accepted.
+    args = testing.make_inputs("gla", T=8)
+    with pytest.raises(InputError, match=r"^chunk_size must be a multiple of sub_chunk_size=16 \(e.g. 16, 32, 64\), got 8"):
+        chunk.gla(**args, chunk_size=8)
+    with pytest.raises(InputError, match=r"^sub_chunk_size must be an int ≥ 1"):
+        chunk.gla(**args, sub_chunk_size=0)
+    o, _ = chunk.gla(**args, chunk_size=8, sub_chunk_size=8)
+    assert testing.rel_err(o, naive.gla(**args)[0]) < testing.tolerance(torch.float32)
