@@ -136,3 +136,16 @@ def test_chunk_size_not_a_multiple_of_the_default_sub_chunk_size():
         chunk.gla(**args, sub_chunk_size=0)
     o, _ = chunk.gla(**args, chunk_size=8, sub_chunk_size=8)
     assert testing.rel_err(o, naive.gla(**args)[0]) < testing.tolerance(torch.float32)
+
+
+def test_levels_reachable_after_import_linattn():
+    # A fresh interpreter: `import linattn` alone must make the levels and layers reachable, without
+    # importing Triton (kept fast; and Triton's mode must be fixed before a kernel module loads).
+    import subprocess
+    import sys
+    code = ("import sys, linattn; assert 'triton' not in sys.modules; "
+            "linattn.naive.gla, linattn.chunk.gla, linattn.nn.LinearAttention; "
+            "import os; assert linattn.triton.gla and (os.environ.get('TRITON_INTERPRET') == '1') "
+            "== (not linattn.device.has_cuda()); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
