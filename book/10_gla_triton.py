@@ -708,9 +708,9 @@ else:
 # The shape of the paper's left panel is there: softmax attention's time doubles with $T$ while
 # GLA's stays nearly flat, so the lines cross. Where they cross depends on how fast each kernel
 # is: the paper's GLA overtakes FlashAttention-2 between 2k and 4k (forward and backward; the
-# paper does not name the GPU of its Figure 2). In this forward-only setting ours overtakes causal SDPA from $T = 4096$ in the recorded
-# run (H200, bf16, 2026-11-23; the printed line above, or the live one on a GPU, says where),
-# and FLA's `chunk_gla` from 8k. Near the crossing the two times are close, so which side of
+# paper does not name the GPU of its Figure 2). In this forward-only setting ours overtakes
+# causal SDPA from $T = 4096$ in the recorded run (H200, bf16, 2026-11-23; the printed line
+# above, or the live one on a GPU, says where), and FLA's `chunk_gla` from 8k. Near the crossing the two times are close, so which side of
 # it a length falls on can change from run to run. Our aim — GLA faster than SDPA from
 # $T = 2048$ — is not reached: at 2k SDPA still takes about two thirds of our time (table above).
 
