@@ -355,7 +355,7 @@ print(f"Λ_iΓ_j / D_ij = {(lam_gam[3, 1] / decay.decay_mask(gc)[3, 1]).item():.
 # the two may stay: the mask $D$ with plain $QK^\top$, as in our rows. The seed also calls KDA's gate
 # "tied" to the key projection; what KDA ties is the low-rank vector of its diagonal-plus-low-rank
 # transition, $a_t = \beta_t k_t$ (the seed's own reference says so), while its decay $\alpha_t$ has a
-# projection of its own (chapter 06).
+# projection of its own (the KDA layer of chapter 14).
 #
 # The constant-decay rows are a special case of the Mamba-2 row: with $g_t = \log\gamma$ for all
 # $t$, $b_i = i\log\gamma$ and $e^{\,b_i - b_j} = \gamma^{\,i-j}$.
