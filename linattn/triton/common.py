@@ -77,9 +77,28 @@ def contiguous(*xs):
     return tuple(None if x is None else x.contiguous() for x in xs)
 
 
-def block(n: int, minimum: int = 16) -> int:
-    """Smallest power of two ≥ n and ≥ 16 (tl.dot needs every tile side ≥ 16); masks cover the rest."""
+# Head-dimension tiles (the K- and V-blocks) are at least MIN_TILE wide, and a kernel takes 8 warps only
+# where every such tile of its products is at least WIDE_TILE wide. Compiled for sm_90 by Triton 3.6,
+# a product whose tile has 16 columns (or 32 columns split over the two warp groups of 8 warps) came
+# out wrong or faulted with an illegal memory access on an H200, while the interpreter computed it
+# right: DeltaNet / Gated DeltaNet / KDA backward at K = V = 16, linear attention's dv at K = 256
+# (32-column V-blocks). Padding to 32 (masked) and 4 warps for narrow tiles remove the whole class;
+# they cost nothing at the head dimensions models use (K, V ≥ 64). tests/test_native_tiles.py keeps
+# the probe that found it.
+MIN_TILE = 32
+WIDE_TILE = 64
+
+
+def block(n: int, minimum: int = MIN_TILE) -> int:
+    """Smallest power of two ≥ n and ≥ minimum (tl.dot needs every side ≥ 16; head-dim tiles use
+    MIN_TILE, see above); masks cover the rest."""
     return max(triton.next_power_of_2(n), minimum)
+
+
+def warps(want: int, *widths: int) -> int:
+    """`want` warps, but at most 4 unless every head-dimension tile width of the kernel's products
+    is ≥ WIDE_TILE: with 8 warps the two warp groups split a tile's columns (see MIN_TILE)."""
+    return want if want <= 4 or min(widths) >= WIDE_TILE else 4
 
 
 def num_sms() -> int:

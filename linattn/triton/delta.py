@@ -37,12 +37,6 @@ from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, 
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
-# K tiles at least 32 wide (masked): with 16-wide K tiles, bf16/fp16 KDA at K = 16 faulted natively
-# on an H200 (illegal memory access, Triton 3.6) while float32 passed; the 16-wide tile is the one
-# shape that case alone has (a 16-row tl.trans(K)·Ṽ in the state pass). With this padding K = 16
-# runs natively in every dtype; the kernels are not known to work without it. Padding costs
-# nothing at K ≥ 32.
-MIN_BK = 32
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
@@ -138,7 +132,7 @@ def plan(q, g, d, C) -> Plan:
     ieee = cdt == tl.float32
     return Plan(d.B, d.T, d.H, d.K, d.V, C, triton.cdiv(d.T, C),
                 0 if g is None else (1 if g.dim() == 3 else 2), d.scale, cdt, ieee,
-                torch.float32 if ieee else q.dtype, block(d.K, minimum=MIN_BK), q.device)
+                torch.float32 if ieee else q.dtype, block(d.K), q.device)
 
 
 def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = False):

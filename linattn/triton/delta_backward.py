@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import first_order
-from .common import block, contiguous, launch, stage
+from .common import block, contiguous, launch, stage, warps
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
 
@@ -144,7 +144,7 @@ def dstate_stage(q, g, wy, do, dht, p):
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), HAS_DHT=dht is not None,
-        num_warps=TUNING["warps_state_f32" if precise(p) else "warps_state"])
+        num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV))
     return dhs, dvnew, dh0
 
 
@@ -163,7 +163,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
         v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), num_warps=TUNING["warps_chunk"])
+        X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV))
     return grads, dv, db_v
 
 

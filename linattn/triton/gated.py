@@ -55,8 +55,8 @@ from triton.runtime.errors import OutOfResources
 
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
-from .common import (SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch,
-                     num_sms, split_dtype)
+from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
+                     launch, num_sms, split_dtype, warps)
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -423,7 +423,7 @@ def gate_sums(g, chunk_size: int):
 def blocks(K: int, V: int):
     """(BK, BV) for the kernels that hold all of K: keep the [BK, BV] float32 state ≤ 8192 values."""
     BK = block(K)
-    return BK, max(16, min(block(V), 8192 // BK, 64))
+    return BK, max(MIN_TILE, min(block(V), 8192 // BK, 64))
 
 
 def state_config(K: int, V: int, BH: int, gate: int, sms=None):
@@ -462,7 +462,7 @@ def output_blocks(K: int, V: int, gate: int, ieee: bool, split: bool = False):
     BK = block(K)
     if gate == DIM_GATE and not split:
         return blocks(K, V)           # the A-reading output (kept for the backward)
-    return BK, max(16, min(block(V), 128, (8192 if ieee else 16384) // BK))
+    return BK, max(MIN_TILE, min(block(V), 128, (8192 if ieee else 16384) // BK))
 
 
 def fused_config(K: int, V: int, gate: int, ieee: bool):
@@ -472,7 +472,8 @@ def fused_config(K: int, V: int, gate: int, ieee: bool):
     T = 1k–4k) that fused call took 0.39 ms against 0.50 with 64 columns and 4 warps, and 0.40–0.42 ms
     in states mode. Otherwise `blocks`, 4 warps."""
     if gate == HEAD_GATE and not ieee:
-        return (*output_blocks(K, V, gate, ieee), 8)
+        BK, BV = output_blocks(K, V, gate, ieee)
+        return BK, BV, warps(8, BK, BV)
     return (*blocks(K, V), 4)
 
 
@@ -540,12 +541,12 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype(IEEE))
     if mode == "fused":
-        BK, BV, warps = fused_config(K, V, gate, IEEE)
+        BK, BV, nw = fused_config(K, V, gate, IEEE)
         try:
             last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
                 q, k, v, gates, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
                 NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
-                num_warps=warps, num_stages=FUSED_STAGES, **common)
+                num_warps=nw, num_stages=FUSED_STAGES, **common)
             ran["mode"] = "fused"
             return o, sT
         except OutOfResources as e:

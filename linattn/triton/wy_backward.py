@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, interpreting, launch
+from .common import dot, interpreting, launch, warps
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
@@ -82,7 +82,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), **split_dtype(p), num_warps=TUNING["warps"])
+        X3=precise(p), **split_dtype(p), num_warps=warps(TUNING["warps"], BK))
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
