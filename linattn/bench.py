@@ -184,7 +184,7 @@ def backward_stages(op: str, T: int, *, runs: int = 5, **size) -> dict:
                           **kw)
 
         def run(timer):
-            gated_backward.backward(do, None, q, k, v, g, None, None, d, A=kept.get("A"), b=kept.get("b"),
+            gated_backward.backward(do, None, q, k, v, g, None, d, A=kept.get("A"), b=kept.get("b"),
                                     timer=timer, **kw)
     else:
         d = check_inputs(q, k, v, g=g, beta=beta, gate=g is not None, delta=True)

@@ -222,7 +222,7 @@ def test_kernels_write_every_gradient_entry():
     w_o, w_S = weights(args)
     with testing.poisoned():
         out = gated_backward.backward(w_o, w_S, args["q"], args["k"], args["v"], args["g"], args["initial_state"],
-                                      torch.zeros(B, H, K, V, device=DEV), d, chunk_size=C, sub_chunk_size=c)
+                                      d, chunk_size=C, sub_chunk_size=c)
     for x in out:
         assert torch.isfinite(x).all()
 

@@ -12,11 +12,18 @@ and dA_tj = s · dO_t · v_j (j ≤ t):
     dv_j   = (k_j ⊙ e^{b_last − b_j}) D     + s · Σ_{t ≥ j} A_tj dO_t
 Only the reverse pass walks the chunks in order; everything else is parallel over chunks.
 
-The gate gradient has a closed form. With the cumulative log-gate B_t from the sequence start,
-q and k enter only through q_t ⊙ e^{B_t} and k_t ⊙ e^{−B_t} (and the final state through e^{B_T}),
-so ∂L/∂B_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ Σ_v dS_T ⊙ S_T on the last token) and, since
-B_t = Σ_{u ≤ t} g_u, dg_u = Σ_{t ≥ u} ∂L/∂B_t: a reverse cumulative sum. Per-head gates sum it
-over k. The exponentials that are never formed (e^{B_t} of a long sequence) do not appear.
+The gate gradient has a closed form, taken chunk by chunk as linattn.chunk takes it. Inside chunk
+n, q and k enter only through q_t ⊙ e^{b_t} and k_t ⊙ e^{−b_t}, the state after the chunk through
+e^{b_last} h and k_j ⊙ e^{b_last − b_j}; everything later sees g_u only through that state, whose
+gradient D already carries it. So, for u in the chunk,
+    dg_u = Σ_{t ≥ u} (q_t ⊙ dq_t − k_t ⊙ dk^intra_t) + Σ_{j < u} k_j ⊙ write_j + e^{b_last} ⊙ Σ_v h ⊙ D,
+both sums over the chunk only, write_j = (v_j Dᵀ) ⊙ e^{b_last − b_j} the part of dk_j through the
+state. Two cancellations are left out: the diagonal of dA (it enters q ⊙ dq and k ⊙ dk alike), and
+the final state's decay against every write into it (e^{b_last} Σ_v S_after ⊙ D minus the writes
+from u on leaves the writes before u: the exclusive prefix). The same sum taken from the sequence
+start (∂L/∂B_t with B the cumulative gate of the whole sequence, suffix-summed over all T tokens)
+is exact algebra too, but it adds T terms of size |q ⊙ dq| that cancel to a gradient that strong
+gates make tiny: in bf16 its relative error was 4–40× FLA's. Per-head gates sum over k.
 
 The intra-chunk sums have the structure of A itself, so they use the forward's secondary
 chunking (sub-chunks of c tokens):
@@ -47,7 +54,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import block, compute_dtype, contiguous, dot, launch, stage
+from .common import block, compute_dtype, contiguous, dot, launch, stage, warps
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
@@ -353,14 +360,16 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
 
 
 @triton.jit
-def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, T, H, K, V, NT, scale, C: tl.constexpr,
+def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K, V, NT, scale, C: tl.constexpr,
                 BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                 IEEE: tl.constexpr):
     # One program per (K-block, row block of a chunk, batch·head): the state parts
-    #   dq_t += s · (dO_t hᵀ) ⊙ e^{b_t},   dk_t += (v_t Dᵀ) ⊙ e^{b_last − b_t}
-    # added to the intra parts; writes dq, dk and, for gates, the first half of the gate gradient:
-    # ∂L/∂b = q ⊙ dq − k ⊙ dk summed from each row to the end of its row block (db [B, T, H, K]),
-    # and the block's total (tot [B, NB, H, K], NB row blocks per sequence) for `_dg_kernel`.
+    #   dq_t += s · (dO_t hᵀ) ⊙ e^{b_t},   dk_t += (v_t Dᵀ) ⊙ e^{b_last − b_t}   (the "write" part)
+    # added to the intra parts; writes dq, dk and, for gates, the row block's share of the gate
+    # gradient in the chunk-local form (module docstring), for every row t of the block:
+    #   db_t = Σ_{s ≥ t} (q_s ⊙ dq_s − k_s ⊙ dk^intra_s) + Σ_{j < t} k_j ⊙ write_j + e^{b_last} ⊙ Σ_v h ⊙ D
+    # with both sums over the block's rows only; the block totals of the two sums (tot, totw
+    # [B, NB, H, K], NB row blocks per sequence) let `_dg_kernel` add the other row blocks of the chunk.
     i_kb, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
@@ -373,6 +382,7 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, T, H, K, V, NT
     rmask = rows < T
     dq_s = tl.zeros([BR, BK], dtype=tl.float32)
     dk_s = tl.zeros([BR, BK], dtype=tl.float32)
+    hD = tl.zeros([BK], dtype=tl.float32)                       # Σ_v h ⊙ D: the chunk's carried decay
     s_base = (i_bh * NT + i_n) * K * V
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
@@ -385,6 +395,8 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, T, H, K, V, NT
         D = tl.load(dh + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0).to(COMPUTE)
         dq_s += dot(do_t, tl.trans(h_n), IEEE)                                                 # [BR, BK]
         dk_s += dot(v_t, tl.trans(D), IEEE)                                                    # [BR, BK]
+        if GATE != 0:
+            hD += tl.sum(h_n.to(tl.float32) * D.to(tl.float32), axis=1)                       # [BK]
     m = rmask[:, None] & kmask[None, :]
     p = base + rows[:, None] * H * K + offs_k[None, :]
     dq_s = scale * dq_s
@@ -394,29 +406,40 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, T, H, K, V, NT
         b_last = tl.load(b + base + last * H * K + offs_k, mask=kmask, other=0.0)             # [BK]
         dq_s = dq_s * tl.exp(b_t)
         dk_s = dk_s * tl.exp(tl.minimum(b_last[None, :] - b_t, 0.0))
+        hD = hD * tl.exp(b_last)
     elif GATE == 1:
         last = tl.minimum(t0 + C, T) - 1
         b_t = tl.load(b + i_b * T * H + rows * H + i_h, mask=rmask, other=0.0)                # [BR]
         b_last = tl.load(b + i_b * T * H + last * H + i_h)
         dq_s = dq_s * tl.exp(b_t)[:, None]
         dk_s = dk_s * tl.exp(tl.minimum(b_last - b_t, 0.0))[:, None]
+        hD = hD * tl.exp(b_last)
     dq_t = dq_s + tl.load(dqi + p, mask=m, other=0.0)
-    dk_t = dk_s + tl.load(dki + p, mask=m, other=0.0)
+    dk_in = tl.load(dki + p, mask=m, other=0.0)
+    dk_t = dk_s + dk_in
     tl.store(dq + p, dq_t.to(dq.dtype.element_ty), mask=m)
     tl.store(dk + p, dk_t.to(dk.dtype.element_ty), mask=m)
     if GATE != 0:
         q_t = tl.load(q + p, mask=m, other=0.0).to(tl.float32)
         k_t = tl.load(k + p, mask=m, other=0.0).to(tl.float32)
-        d_b = q_t * dq_t - k_t * dk_t                                                          # [BR, BK]
-        tl.store(db + p, tl.cumsum(d_b, axis=0, reverse=True), mask=m)        # Σ to the block end
+        # The diagonal of dA enters q ⊙ dq and k ⊙ dk alike (dA_tt q_t ⊙ k_t) and cancels; the
+        # writes into the state after the chunk enter as an exclusive prefix (module docstring).
+        d_b = q_t * dq_t - k_t * dk_in                                                         # [BR, BK]
+        w = k_t * dk_s                                                                         # [BR, BK]
+        x = tl.cumsum(d_b, axis=0, reverse=True) + (tl.cumsum(w, axis=0) - w) + hD[None, :]
+        tl.store(db + p, x, mask=m)
         NB = tl.num_programs(1)
-        tl.store(tot + ((i_b * NB + i_nr) * H + i_h) * K + offs_k, tl.sum(d_b, axis=0), mask=kmask)
+        t_off = ((i_b * NB + i_nr) * H + i_h) * K + offs_k
+        tl.store(tot + t_off, tl.sum(d_b, axis=0), mask=kmask)
+        tl.store(totw + t_off, tl.sum(w, axis=0), mask=kmask)
 
 
 @triton.jit
-def _dg_kernel(db, carry, dg, T, H, K, BR: tl.constexpr, BK: tl.constexpr, HEAD: tl.constexpr):
-    # One program per (K-block, row block, batch·head): dg = (Σ to the block end) + (Σ of the later
-    # blocks and the final state's term, `carry`); per-head gates sum over K (BK covers all of K).
+def _dg_kernel(db, carry, dg, T, H, K, BR: tl.constexpr, BK: tl.constexpr, HEAD: tl.constexpr,
+               HAS_CARRY: tl.constexpr):
+    # One program per (K-block, row block, batch·head): dg = the row block's own sums (`db`) + those
+    # of the chunk's other row blocks (`carry`, when a chunk has several); per-head gates sum over K
+    # (BK covers all of K).
     i_kb, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NB = tl.num_programs(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -425,7 +448,8 @@ def _dg_kernel(db, carry, dg, T, H, K, BR: tl.constexpr, BK: tl.constexpr, HEAD:
     rmask, kmask = rows < T, offs_k < K
     m = rmask[:, None] & kmask[None, :]
     x = tl.load(db + i_b * T * H * K + rows[:, None] * H * K + i_h * K + offs_k[None, :], mask=m, other=0.0)
-    x += tl.load(carry + ((i_b * NB + i_nr) * H + i_h) * K + offs_k, mask=kmask, other=0.0)[None, :]
+    if HAS_CARRY:
+        x += tl.load(carry + ((i_b * NB + i_nr) * H + i_h) * K + offs_k, mask=kmask, other=0.0)[None, :]
     if HEAD:
         tl.store(dg + i_b * T * H + rows * H + i_h, tl.sum(x, axis=1).to(dg.dtype.element_ty), mask=rmask)
     else:
@@ -437,12 +461,11 @@ def gate_kind(g) -> int:
     return NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
 
 
-def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
+def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
-    do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); sT: the final
-    state (needed for dg when dsT is given); h, A, b: the states, intra matrix and cumulated gates
-    kept by the forward (recomputed when None). dg is None without gates, ds0 None without s0.
+    do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); h, A, b: the
+    states, intra matrix and cumulated gates kept by the forward (recomputed when None). dg is None without gates, ds0 None without s0.
     timer: a dict that receives the milliseconds of each stage (chapter 13, tools/bench.py).
     """
     gate = gate_kind(g)
@@ -506,40 +529,46 @@ def backward(do, dsT, q, k, v, g, s0, sT, d, *, chunk_size, sub_chunk_size, h=No
     with stage(timer, "dv"):
         last_launch["dv"] = launch(
             _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BRv), B * H), q, k, bp, A if A is not None else q, do, dh,
-            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else 8, **common)
+            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else warps(8, BVv), **common)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
     dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=dev)
     dk = outputs.empty((B, T, H, K), dtype=k.dtype, device=dev)
-    db = tot = None
+    db = tot = totw = None
     NB = NT * (C // BR)                                                 # row blocks per sequence
     if gate != NO_GATE:
         db = outputs.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
         tot = outputs.empty((B, NB, H, K), dtype=torch.float32, device=dev)
+        totw = outputs.empty((B, NB, H, K), dtype=torch.float32, device=dev)
     BVq = min(block(V), GRAD_BLOCK)
     with stage(timer, "dq, dk"):
         # 8 warps: with 4, ptxas for sm_90 spilled 648 bytes per thread (bf16, K = 128, C = 64)
         last_launch["dqk"] = launch(
             _dqk_kernel, (triton.cdiv(K, BK), NB, B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk,
-            db if db is not None else q, tot if tot is not None else q, T, H, K, V, NT, d.scale, BR=BR, BK=BK,
-            BV=BVq, num_warps=8, **common)
+            db if db is not None else q, tot if tot is not None else q, totw if totw is not None else q, T, H, K,
+            V, NT, d.scale, BR=BR, BK=BK,
+            BV=BVq, num_warps=warps(8, BK, BVq), **common)
 
-    # 6. dg = Σ_{s ≥ t} ∂L/∂b_s: within each row block already summed by _dqk_kernel; the sums of the
-    # later blocks (a reverse cumsum over NB = T / 64 block totals, 64 times fewer numbers than T)
-    # and the final state's own decay, which every token's gate reaches, are added by _dg_kernel.
-    # (A flip-cumsum-flip over all of ∂L/∂b [B, T, H, K] in PyTorch took 3.7 ms of GLA's 12.1 ms
-    # backward + forward on an H200 at T = 8192, B = 4, H = 16, K = 128.)
+    # 6. dg: each row block's own sums were written by _dqk_kernel; when a chunk has several row
+    # blocks (C > BR), each adds the reverse totals of the chunk's later blocks and the write totals
+    # of its earlier ones. Nothing crosses a chunk boundary (module docstring).
     dg = None
     if gate != NO_GATE:
         with stage(timer, "dg"):
-            carry = torch.zeros_like(tot)                               # [B, NB, H, K]
-            carry[:, :-1] = tot.flip(1).cumsum(1).flip(1)[:, 1:]        # Σ over the blocks after each one
-            if dsT is not None:
-                carry += (dsT.to(torch.float32) * sT.to(torch.float32)).sum(-1)[:, None]   # [B, 1, H, K]
+            R = C // BR                                                 # row blocks per chunk
+            carry = None
+            if R > 1:
+                rev, fwd = tot.view(B, NT, R, H, K), totw.view(B, NT, R, H, K)
+                carry = torch.zeros_like(rev)                           # [B, NT, R, H, K]
+                carry[:, :, :-1] = rev.flip(2).cumsum(2).flip(2)[:, :, 1:]   # Σ of the later blocks
+                carry[:, :, 1:] += fwd.cumsum(2)[:, :, :-1]             # Σ of the earlier blocks' writes
+                carry = carry.view(B, NB, H, K)
             dg = outputs.empty(g.shape, dtype=g.dtype, device=dev)
             BKg = block(K) if gate == HEAD_GATE else BK
-            last_launch["dg"] = launch(_dg_kernel, (triton.cdiv(K, BKg), NB, B * H), db, carry, dg, T, H, K,
-                                       BR=BR, BK=BKg, HEAD=gate == HEAD_GATE, num_warps=8 if BKg > 64 else 4)
+            last_launch["dg"] = launch(_dg_kernel, (triton.cdiv(K, BKg), NB, B * H), db,
+                                       carry if carry is not None else db, dg, T, H, K, BR=BR, BK=BKg,
+                                       HEAD=gate == HEAD_GATE, HAS_CARRY=carry is not None,
+                                       num_warps=8 if BKg > 64 else 4)
     if ds0 is not None:
         ds0 = ds0.to(s0.dtype)
     return dq, dk, dv, dg, ds0
@@ -592,16 +621,16 @@ class GatedAttention(torch.autograd.Function):
             o, sT, h, A, b = forward_keep(q, k, v, g, d, initial_state=initial_state,
                                           output_final_state=output_final_state, chunk_size=chunk_size,
                                           sub_chunk_size=sub_chunk_size)
-        ctx.save_for_backward(q, k, v, g, initial_state, sT, h, A, b)
+        ctx.save_for_backward(q, k, v, g, initial_state, h, A, b)
         ctx.cfg = (d, chunk_size, sub_chunk_size)
         return o, sT
 
     @staticmethod
     @first_order("linattn.triton.gla / linear_attn")   # kernels: no graph, a double backward raises
     def backward(ctx, do, dsT):
-        q, k, v, g, s0, sT, h, A, b = ctx.saved_tensors
+        q, k, v, g, s0, h, A, b = ctx.saved_tensors
         d, C, c = ctx.cfg
-        dq, dk, dv, dg, ds0 = backward(do, dsT, q, k, v, g, s0, sT, d, chunk_size=C, sub_chunk_size=c,
+        dq, dk, dv, dg, ds0 = backward(do, dsT, q, k, v, g, s0, d, chunk_size=C, sub_chunk_size=c,
                                        h=h, A=A, b=b)
         return dq, dk, dv, dg, ds0, None, None, None, None, None, None
 
