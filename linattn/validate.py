@@ -68,6 +68,25 @@ def refuse_grad(where: str, **tensors) -> None:
               "or call under torch.no_grad() / pass detached tensors for inference.")
 
 
+def autocast_off(fn):
+    """Run fn with torch.autocast disabled (on the CPU and CUDA alike).
+
+    The chunk level sets its own precision: inputs read in the accumulation dtype (float32, float64
+    for float64 inputs), matmul operands rounded only to `inter_dtype`, o returned in v's dtype and
+    the final state in float32. Under an autocast region PyTorch would instead round some of its
+    matmuls to bf16 and leave others in float32, which mixes dtypes inside one expression (a crash)
+    or returns the state in bf16. So an op is one unit to autocast, as a fused kernel is: its inputs'
+    dtypes decide (a layer's projections under autocast hand it bf16 q, k, v)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            for dev in ("cpu", "cuda"):
+                if torch.is_autocast_enabled(dev):
+                    stack.enter_context(torch.autocast(dev, enabled=False))
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 class DoubleBackwardError(RuntimeError):
     """A second derivative through a hand-written, first-order backward."""
 

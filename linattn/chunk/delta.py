@@ -55,10 +55,11 @@ import torch
 from .. import decay, outputs
 from ..naive.delta import check_keys
 from ..naive.linear import initial
-from ..validate import check_chunk, check_inputs
+from ..validate import autocast_off, check_chunk, check_inputs
 from .gla_tiles import _blocks
 
 
+@autocast_off
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
                chunk_size=64, recompute=True):
     """Chunkwise DeltaNet; same results as `linattn.naive.delta_rule`.
@@ -73,6 +74,7 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
                 recompute)
 
 
+@autocast_off
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
         chunk_size=64, recompute=True):
     """Chunkwise KDA (g [B,T,H,K]) / Gated DeltaNet (g [B,T,H]); same results as `naive.kda`.

@@ -45,7 +45,7 @@ import torch
 
 from .. import outputs
 from ..naive.linear import initial
-from ..validate import first_order
+from ..validate import autocast_off, first_order
 from . import delta
 
 
@@ -67,6 +67,7 @@ class DeltaChunkFunction(torch.autograd.Function):
 
     @staticmethod
     @first_order("linattn.chunk.delta_rule / kda")  # kept factors have no graph: no 2nd derivative
+    @autocast_off             # a backward called inside an autocast region computes as the forward did
     def backward(ctx, do, dS_final):
         q, k, v, g, beta, initial_state, *kept = ctx.saved_tensors
         grads = chunk_backward(q, k, v, g, beta, initial_state, kept, do, dS_final, ctx.d, ctx.C,

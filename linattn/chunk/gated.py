@@ -35,9 +35,10 @@ import torch
 from .. import decay, outputs
 from . import gla_tiles
 from ..naive.linear import initial
-from ..validate import FLOAT_DTYPES, Dims, InputError, check_chunk, check_inputs
+from ..validate import FLOAT_DTYPES, Dims, InputError, autocast_off, check_chunk, check_inputs
 
 
+@autocast_off
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
         sub_chunk_size=16, inter_dtype=None, recompute=True):
     """Chunkwise GLA; same results as `linattn.naive.gla`.

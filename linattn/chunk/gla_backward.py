@@ -37,7 +37,7 @@ import torch
 
 from .. import decay, outputs
 from ..naive.linear import initial
-from ..validate import first_order
+from ..validate import autocast_off, first_order
 from . import gla_tiles
 from .gated import _state_pass, chunk_decays, dense_chunks, forward, scan_
 
@@ -56,6 +56,7 @@ class ChunkwiseGated(torch.autograd.Function):
 
     @staticmethod
     @first_order("linattn.chunk.gla / linear_attn")
+    @autocast_off             # a backward called inside an autocast region computes as the forward did
     def backward(ctx, do, dS_final):
         q, k, v, g, initial_state, *kept = ctx.saved_tensors
         return (*gradients(q, k, v, g, initial_state, do, dS_final, ctx.plan, kept), None)

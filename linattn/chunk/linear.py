@@ -13,10 +13,11 @@ False keeps them from the forward.
 """
 from __future__ import annotations
 
-from ..validate import check_chunk, check_inputs
+from ..validate import autocast_off, check_chunk, check_inputs
 from .gated import ChunkwiseGated, Plan, forward, needs_grad
 
 
+@autocast_off
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
                 recompute=True):
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
