@@ -1,0 +1,113 @@
+"""The native conformance suite's command line (linattn/conformance): the generated matrix of cases
+at the Triton level against float64 references on the same device, in worker processes.
+
+    python tools/conformance.py --size native --workers 14 --out DIR [--record] [--only VARIANT ...]
+                                [--max-seconds S] [--timeout S] [--reference naive|chunk|auto]
+    python tools/conformance.py --summarize DIR        (the summary again, from DIR/results.jsonl)
+    python tools/conformance.py --size native --list   (the cases, one line each, and the coverage)
+
+Prints a line per case as it finishes; writes DIR/results.jsonl row by row, DIR/summary.json and
+DIR/summary.md; with --record also book/data/error_budget.json (device, versions, date, command).
+Exits 1 if any case failed, raised, crashed its worker or timed out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from linattn.conformance import matrix, runner  # noqa: E402
+
+RECORD = ROOT / "book" / "data" / "error_budget.json"
+
+
+def environment(devices) -> dict:
+    import torch
+    import triton
+
+    from linattn import bench
+
+    dev = "cpu (Triton interpreter)"
+    if torch.cuda.is_available():
+        dev = f"{torch.cuda.get_device_name(0)} × {torch.cuda.device_count()}"
+    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "fla": bench.fla_version(),
+            "python": platform.python_version(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": " ".join(["python", "tools/conformance.py", *sys.argv[1:]]), "workers_on": sorted(devices)}
+
+
+def write_summary(out: Path, rows, *, cut=None, not_run=0, total=None, env=None):
+    s = runner.summarize(rows, cut=cut, not_run=not_run, total=total)
+    if env:
+        s["env"] = env
+    (out / "summary.json").write_text(json.dumps(s, indent=1))
+    md = runner.markdown(s)
+    (out / "summary.md").write_text(md)
+    return s, md
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=matrix.SIZES, default="native")
+    ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--out", default="_build/conformance")
+    ap.add_argument("--only", nargs="*", choices=list(matrix.VARIANTS), help="these variants only")
+    ap.add_argument("--max-seconds", type=float, default=None, help="stop handing out cases after S seconds")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per case, seconds (the first case of a "
+                    "specialisation includes its compilation)")
+    ap.add_argument("--reference", choices=["naive", "chunk", "auto"], default="naive",
+                    help="float64 reference: the token loop, the chunk level, or the chunk level past T = 1024")
+    ap.add_argument("--record", action="store_true", help=f"write the error budget to {RECORD.relative_to(ROOT)}")
+    ap.add_argument("--list", action="store_true", help="print the cases and the coverage, run nothing")
+    ap.add_argument("--summarize", metavar="DIR", help="rebuild DIR's summary from its results.jsonl")
+    a = ap.parse_args(argv)
+
+    if a.summarize:
+        out = Path(a.summarize)
+        rows = runner.read_jsonl(out / "results.jsonl")
+        s, md = write_summary(out, rows)
+        print(md)
+        return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
+
+    cases = matrix.cases(a.size, only=a.only)
+    if a.list:
+        for c in cases:
+            print(f"{c['id']:28s} {runner.describe(c)}{' fla' if c['fla'] else ''}")
+        by = {}
+        for c in cases:
+            by.setdefault(c["variant"], []).append(c)
+        for v, cs in by.items():
+            dt = {d: sum(c["dtype"] == d for c in cs) for d in matrix.DTYPES}
+            print(f"{v}: {len(cs)} cases {dt}, {len({runner.group_key(c) for c in cs})} specialisations")
+        print("missing:", {v: {k: x for k, x in r.items() if x} for v, r in matrix.coverage(cases).items()})
+        return 0
+
+    out = Path(a.out)
+    run = runner.Runner(cases, workers=a.workers, out=out, timeout=a.timeout, max_seconds=a.max_seconds,
+                        reference=a.reference)
+    rows = run.run()
+    env = environment(run.devices)
+    s, md = write_summary(out, rows, cut=run.cut, not_run=len(run.not_run), total=len(cases), env=env)
+    print(md)
+    print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.md'}")
+    if a.record:
+        RECORD.write_text(json.dumps({"env": env, "size": a.size, "only": a.only, "total": len(cases),
+                                      "counts": s["counts"], "not_run": s["not_run"], "cut": s["cut"],
+                                      "tolerance": tolerances(), "budget": s["budget"]}, indent=1) + "\n")
+        print(f"recorded: {RECORD.relative_to(ROOT)}")
+    return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
+
+
+def tolerances():
+    from linattn import testing
+    return {str(d).replace("torch.", ""): {"outputs": testing.TOLERANCE[d], "gradients": testing.GRAD_TOLERANCE[d]}
+            for d in testing.TOLERANCE}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
