@@ -153,14 +153,15 @@ assert err < testing.tolerance(torch.float64)
 # ## 3. Linear attention as the book uses it
 #
 # Modern linear-attention layers (RetNet, GLA, Lightning attention, DeltaNet and the rest of this
-# book) keep this structure but simplify it twice: the feature map is the identity (the
-# projections that produce $q$ and $k$ are learned anyway), and the denominator is dropped —
+# book) keep this structure but simplify it twice: the feature map is the identity, or at most
+# a normalisation such as DeltaNet's L2-normalised keys (the projections that produce $q$ and
+# $k$ are learned anyway), and the denominator is dropped —
 # section 4 shows why. With a constant scale for the logits, what remains is
 #
 # $$\boxed{S_t = S_{t-1} + k_t^\top v_t, \qquad o_t = \text{scale}\cdot q_t S_t}$$
 #
 # a linear RNN whose hidden state is a $K\times V$ matrix, written to by outer products. (The GLA
-# paper writes $O_t = Q_t S_t$ without a scale; a constant scale commutes with everything, so the
+# paper, §2.1 Eq. 3, writes $O_t = Q_t S_t$ without a scale; a constant scale commutes with everything, so the
 # two agree up to that factor. We follow the library and flash-linear-attention: $K^{-1/2}$.)
 #
 # **Recurrent form**, one head, a few lines:
@@ -320,7 +321,7 @@ print(f"denominator at t={near_zero.item()}: float64 {den_identity[near_zero]:.3
 # | softmax attention | $2T^2(K+V)$ + $T^2$ exponentials | the $T\times T$ matrix (or recomputed, FlashAttention) | yes |
 #
 # The recurrence does the least work but is a chain of $T$ small steps; the parallel form does
-# $T/(2K)$ times more (for $K = V$) but as large matrix products, which is what accelerators are
+# $T(K+V)/(2KV)$ times more ($T/K$ for $K = V$) but as large matrix products, which is what accelerators are
 # built for. Measured on this device, with the library's three implementations of linear
 # attention (the chunkwise one is the next chapter's subject, shown here as a preview):
 
@@ -370,11 +371,10 @@ plt.show()
 # Which of the other two wins depends on the device, and the printout above says it for yours.
 # On a small CPU the parallel form's time follows its $T^2$ flops, and the chunkwise form is
 # the fastest from a few hundred tokens on. On a large GPU the parallel form's few big matmuls
-# stay ahead up to about $T = 16384$ (on an H200, torch 2.11, November 2026, $B = 1$, $H = 2$,
-# $K = V = 64$: 1.9 ms against 3.5 ms for the chunkwise *PyTorch* level at $T = 8192$, 7.1 against
-# 6.8 ms at 16384 — its state pass steps through the chunks one by one, a few small kernels
-# each); what stops the parallel form there is memory, $B\cdot H\cdot T^2$ scores — at
-# $T$ = 16384 already 1 GiB per head in float32. The chunkwise
+# stay ahead of the chunkwise *PyTorch* level to much longer sequences, because that level's
+# state pass steps through the chunks one by one, a few small kernels each (run the chapter on a
+# GPU: the same cell prints where the two cross there); what stops the parallel form is memory,
+# $B\cdot H\cdot T^2$ scores — at $T$ = 16384 already 1 GiB per head in float32. The chunkwise
 # form keeps the recurrence's slope and memory *and* uses matrix products; fusing its loop into
 # one kernel is what the Triton chapters do. Chapter 02 builds it.
 
@@ -431,7 +431,7 @@ plt.show()
 # $131072 \cdot 16 \cdot 256 \cdot 2$ bytes = 1 GiB, the state still 1 MiB. The price is that
 # the state is a *lossy* summary: a $K\times V$ matrix cannot store arbitrarily many key–value
 # pairs exactly. Later chapters add decay (forgetting, chapter 03) and the delta rule
-# (overwriting, chapter 05) to make better use of it.
+# (overwriting, chapter 06) to make better use of it.
 #
 # ## Summary
 #
