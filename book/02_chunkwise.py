@@ -64,8 +64,12 @@ print(linattn.device.describe())
 #    + \underbrace{\big(Q_{[n]}K_{[n]}^\top \odot M\big)\,V_{[n]}}_{\text{intra: this chunk}}\Big),
 #    \qquad S_{[n]} = S_{[n-1]} + K_{[n]}^\top V_{[n]}}$$
 #
-# with $M$ the lower triangle including the diagonal, now only $C\times C$. (The GLA paper writes
-# the same with chunks numbered from 0 and $S_{[i]} := S_{iC}$; the algebra is identical.)
+# with $M$ the lower triangle including the diagonal, now only $C\times C$. (The GLA paper, §2.1,
+# numbers chunks from 0: $Q_{[i]}$ holds rows $iC+1, \dots, (i+1)C$ and $S_{[i]} := S_{iC}$, so its
+# Eq. 4, $S_{[i+1]} = S_{[i]} + K_{[i]}^\top V_{[i]}$, is our state update. Its Eq. 5,
+# $O_{[i+1]} = Q_{[i+1]}S_{[i]} + \big((Q_{[i+1]}K_{[i+1]}^\top)\odot M\big)V_{[i+1]}$, then pairs the
+# queries of rows $(i+1)C+1, \dots$ with the state one chunk too early; it is right read with
+# chunks numbered from 1, as here. A cell below checks both readings.)
 #
 # In the $T\times T$ matrix $P = \text{scale}\cdot(QK^\top)\odot M$ of the parallel form, the
 # diagonal $C\times C$ blocks are the *intra* part, computed as small masked matmuls; everything
@@ -109,6 +113,29 @@ for n, s in enumerate(range(0, Tf, Cf), start=1):
     err = testing.rel_err(Kf ** -0.5 * qf[s:s + Cf] @ S_before, through_state[s:s + Cf]) if s else 0.0
     assert err < testing.tolerance(torch.float64), (n, err)
 print("blue blocks of P·V == scale · Q[n] S[n-1] for every chunk")
+
+# %% [markdown]
+# The GLA paper's Eq. 5 under its own numbering (chunk $i$ = rows $iC+1, \dots, (i+1)C$,
+# $S_{[i]} = S_{iC}$), against the same equation with chunks numbered from 1 as in the box above,
+# on the full chunks of this example (no scale, $S_0 = 0$):
+
+# %%
+def rows(X, i):                                               # chunk i, numbered from 0: rows iC+1…(i+1)C
+    return X[i * Cf:(i + 1) * Cf]
+
+
+def S_at(i):                                                  # S_[i] = S_{iC}
+    return kf[:i * Cf].T @ vf[:i * Cf]
+
+
+Mf = torch.ones(Cf, Cf, dtype=torch.bool).tril()
+truth = ((qf @ kf.T) * tri) @ vf                              # the parallel form, row by row
+n_full = Tf // Cf
+for name, state in (("Eq. 5 as printed, Q_[i+1] S_[i]", S_at), ("with S_[i+1]", lambda i: S_at(i + 1))):
+    eq5 = torch.cat([rows(qf, i + 1) @ state(i) + ((rows(qf, i + 1) @ rows(kf, i + 1).T) * Mf) @ rows(vf, i + 1)
+                     for i in range(n_full - 1)])
+    print(f"{name:32s} vs the parallel form: rel err {testing.rel_err(eq5, truth[Cf:n_full * Cf]):.1e}")
+assert testing.rel_err(eq5, truth[Cf:n_full * Cf]) < testing.tolerance(torch.float64)
 
 # %% [markdown]
 # ## 2. The algorithm in a few lines
@@ -218,7 +245,8 @@ for form, (fl, mem, steps) in costs(Tt, Ct, Kt, Vt).items():
 # %% [markdown]
 # The chunkwise form does $1 + C(K+V)/(2KV)$ times the recurrence's flops — 1.5× for
 # $C = 64$, $K = V = 128$ — instead of the parallel form's $T(K+V)/(2KV) = 64\times$, holds
-# a few MiB, and has $T/C = 128$ sequential steps instead of 8192.
+# 8 MiB instead of 256, and has $T/C = 128$ sequential steps instead of 8192 (the table's
+# columns).
 #
 # ## 5. The chunk size, measured
 #
@@ -255,14 +283,14 @@ plt.show()
 # %% [markdown]
 # Flops rise steadily with $C$ (right axis): the intra term takes over once $C > 2KV/(K+V) = K$.
 # The time first falls — fewer, larger steps — and rises again once the $C\times C$ blocks
-# dominate. Where the minimum lies is a property of the device *and* of the implementation: on
-# a 2-core CPU the library's PyTorch level is fastest around $C$ = 64; on an H200 (torch 2.11,
-# November 2026) it keeps getting faster up to $C = 512$ (6.9 ms at 64, 2.1 ms at 512, 3.3 ms at
-# 1024), because each chunk's step of the state pass costs a few kernel launches, which are
-# expensive next to the GPU's arithmetic. The Triton kernels of later chapters do a chunk's work inside one
+# dominate. Where the minimum lies is a property of the device *and* of the implementation (the
+# printout above says where it is on yours). On a GPU the library's PyTorch level favours larger
+# chunks than on a CPU, because each chunk's step of the state pass costs a few kernel launches,
+# which are expensive next to the GPU's arithmetic. The Triton kernels of later chapters do a chunk's work inside one
 # kernel; there $C = 64$ is the usual choice, a chunk being one tile of tensor-core work. (The
-# GLA paper measures the same trade-off for its kernels: intra-chunk time grows and inter-chunk
-# time falls as $C$ grows from 16 to 256.)
+# GLA paper measures the same trade-off for its kernels in Figure 2, right: the time of the
+# intra- and the inter-chunk parts as $C$ grows from 16 to 256, best at $C = 128$; chapter 10
+# reproduces it.)
 
 # %% [markdown]
 # ## 6. Initial and final state: splitting the work
@@ -311,7 +339,8 @@ assert e_split < testing.tolerance(torch.float32) < e_forgot
 # %% [markdown]
 # The same property is what later chapters build on: a chunk's effect on the state is a map
 # $S \mapsto S + K_{[n]}^\top V_{[n]}$ (with decay and the delta rule it becomes an affine map
-# $S \mapsto A S + B$), and maps compose — so chunks, and even whole sequence pieces on different
+# $S \mapsto M_{[n]} S + B_{[n]}$ with a $K\times K$ transition $M_{[n]}$, chapters 06–08 — not
+# this chapter's mask), and maps compose — so chunks, and even whole sequence pieces on different
 # devices, can be processed in parallel and stitched together afterwards (context parallelism).
 #
 # In a model you call the dispatcher rather than a level. It picks Triton on a GPU and the
