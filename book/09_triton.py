@@ -216,7 +216,9 @@ print("float32 tolerance:", testing.tolerance(torch.float32))
 # * **resource limits**: registers, shared memory and spills do not exist there; a tile that is
 #   far too big for a real GPU runs fine.
 # * **races and miscompiles**: programs never overlap, and the compiler never runs. A kernel can be
-#   right in the interpreter and wrong natively (chapter 10's notes show one such case) — so the
+#   right in the interpreter and wrong natively (`docs/perf_notes.md` records one: a variant of
+#   the delta rules' W/U kernel, exact under the interpreter, gave wrong W natively for bf16 at
+#   head sizes 16 and 32) — so the
 #   library's tests, and every chapter and workbook, also run natively on a GPU
 #   (`tools/gpu_validate.sh`).
 
@@ -270,7 +272,7 @@ for mode in ("fused", "states"):
 # * one program per (batch, head) — it walks the chunks in order, so $S$ can stay in registers;
 # * per chunk, three tiles are loaded ($Q, K$: $[C, K]$; $V$: $[C, V]$), masked at the end of the
 #   sequence;
-# * three `tl.dot`s: $QK^\top$ (then the causal mask by `tl.where`), $QS + AV$, and $K^\top V$.
+# * four `tl.dot`s: $P = QK^\top$ (then the causal mask by `tl.where`), $QS$ and $PV$, and $K^\top V$.
 #
 # This teaching version keeps $K$ and $V$ whole (powers of two ≥ 16) and computes in float32.
 
@@ -292,9 +294,9 @@ def chunk_linear_attn_kernel(q, k, v, o, T, H, scale, K: tl.constexpr, V: tl.con
         qc = tl.load(q + rows[:, None] * H * K + dk[None, :], mask=m, other=0.0)   # [C, K]
         kc = tl.load(k + rows[:, None] * H * K + dk[None, :], mask=m, other=0.0)   # [C, K]
         vc = tl.load(v + rows[:, None] * H * V + dv[None, :], mask=m, other=0.0)   # [C, V]
-        A = tl.dot(qc, tl.trans(kc), input_precision="ieee")                       # [C, C]
-        A = tl.where(rows[:, None] >= rows[None, :], A, 0.0)                       # causal mask
-        oc = tl.dot(qc, S, input_precision="ieee") + tl.dot(A, vc, input_precision="ieee")
+        P = tl.dot(qc, tl.trans(kc), input_precision="ieee")                       # [C, C]
+        P = tl.where(rows[:, None] >= rows[None, :], P, 0.0)                       # causal mask
+        oc = tl.dot(qc, S, input_precision="ieee") + tl.dot(P, vc, input_precision="ieee")
         tl.store(o + rows[:, None] * H * V + dv[None, :], scale * oc, mask=m)
         S += tl.dot(tl.trans(kc), vc, input_precision="ieee")                      # [K, V]
 
@@ -373,8 +375,9 @@ lin = [r for r in rec["anchors"]["rows"] if r["op"] == "linear_attn"] if rec els
 if not lin:
     print(NO_RECORD)
 else:
-    print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = 16, K = V = 128, "
-          f"B·T = {rec['size']['tokens']} tokens; copy bandwidth {rec['anchors']['bandwidth'] / 1e12:.2f} TB/s")
+    size = rec["size"]
+    print(f"Recorded run: {caption(rec['env'])}; forward ms, bf16, H = {size['H']}, K = {size['K']}, "
+          f"V = {size['V']}, B·T = {size['tokens']} tokens; copy bandwidth {rec['anchors']['bandwidth'] / 1e12:.2f} TB/s")
     print(bench.markdown_table(
         ["T", "B", "ours (auto)", "fused", "states", "chunk (PyTorch)", "FLA", "ours/FLA", "SDPA causal",
          "floor", "ours/floor"],
@@ -446,7 +449,7 @@ if lin:
 #   `input_precision="ieee"` to meet a float32 tolerance, bf16 operands cost ~$10^{-3}$.
 # * The interpreter checks logic on a CPU; bf16 rounding, speed, resources and miscompiles show
 #   only natively — read `n_regs`, `n_spills` and shared memory from the compiled kernel there.
-# * Chunkwise linear attention is three `tl.dot`s per chunk with the state on chip; the library's
+# * Chunkwise linear attention is four `tl.dot`s per chunk with the state on chip; the library's
 #   kernel adds blocks, dtypes, states, and a second mode that materialises chunk states.
 # * On an H200 (the recorded run above) the fused kernel is fastest while its grid fills the GPU,
 #   the states mode for few long sequences; the printed lines say where each is against FLA,

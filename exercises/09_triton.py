@@ -132,7 +132,8 @@ check("ch09.intra_chunk", intra_chunk);
 # $$S' = S + K^\top V .$$
 #
 # `tl.trans(K_tile)` gives $K^\top$. Accumulate in float32 — the state is summed over every chunk
-# of a sequence, and rounding it to bf16 at each step loses three decimal digits. The grader
+# of a sequence, and rounding it to bf16 at each step keeps fewer than three significant decimal
+# digits (8 mantissa bits against float32's 24). The grader
 # compares with float32's tolerance even for bf16 inputs.
 
 # %%
