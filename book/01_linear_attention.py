@@ -161,8 +161,9 @@ assert err < testing.tolerance(torch.float64)
 # $$\boxed{S_t = S_{t-1} + k_t^\top v_t, \qquad o_t = \text{scale}\cdot q_t S_t}$$
 #
 # a linear RNN whose hidden state is a $K\times V$ matrix, written to by outer products. (The GLA
-# paper, §2.1 Eq. 3, writes $O_t = Q_t S_t$ without a scale; a constant scale commutes with everything, so the
-# two agree up to that factor. We follow the library and flash-linear-attention: $K^{-1/2}$.)
+# paper, §2.1 Eq. 3, writes $O_t = Q_t S_t$ without a scale; a constant scale commutes with
+# everything, so the two agree up to that factor. We follow the library and
+# flash-linear-attention: $K^{-1/2}$.)
 #
 # **Recurrent form**, one head, a few lines:
 

@@ -284,10 +284,11 @@ plt.show()
 # Flops rise steadily with $C$ (right axis): the intra term takes over once $C > 2KV/(K+V) = K$.
 # The time first falls — fewer, larger steps — and rises again once the $C\times C$ blocks
 # dominate. Where the minimum lies is a property of the device *and* of the implementation (the
-# printout above says where it is on yours). On a GPU the library's PyTorch level favours larger
-# chunks than on a CPU, because each chunk's step of the state pass costs a few kernel launches,
-# which are expensive next to the GPU's arithmetic. The Triton kernels of later chapters do a chunk's work inside one
-# kernel; there $C = 64$ is the usual choice, a chunk being one tile of tensor-core work. (The
+# printout above says where it is on yours). On a GPU expect it at larger chunks than on a CPU:
+# each chunk's step of the state pass costs a few kernel launches, which are expensive next to
+# the GPU's arithmetic (the same cell prints it there). The Triton kernels of later chapters do a
+# chunk's work inside one kernel; there $C = 64$ is the usual choice, a chunk being one tile of
+# tensor-core work. (The
 # GLA paper measures the same trade-off for its kernels in Figure 2, right: the time of the
 # intra- and the inter-chunk parts as $C$ grows from 16 to 256, best at $C = 128$; chapter 10
 # reproduces it.)
