@@ -371,11 +371,11 @@ plt.show()
 #
 # Which of the other two wins depends on the device, and the printout above says it for yours.
 # On a small CPU the parallel form's time follows its $T^2$ flops, and the chunkwise form is
-# the fastest from a few hundred tokens on. On a large GPU the parallel form's few big matmuls
-# stay ahead of the chunkwise *PyTorch* level to much longer sequences, because that level's
-# state pass steps through the chunks one by one, a few small kernels each (run the chapter on a
-# GPU: the same cell prints where the two cross there); what stops the parallel form is memory,
-# $B\cdot H\cdot T^2$ scores — at $T$ = 16384 already 1 GiB per head in float32. The chunkwise
+# the fastest from a few hundred tokens on. On a large GPU expect the parallel form's few big
+# matmuls to stay ahead of the chunkwise *PyTorch* level to much longer sequences, because that
+# level's state pass steps through the chunks one by one, a few small kernels each (run the
+# chapter on a GPU: the same cell prints where the two cross there); what stops the parallel
+# form is memory, $B\cdot H\cdot T^2$ scores — at $T$ = 16384 already 1 GiB per head in float32. The chunkwise
 # form keeps the recurrence's slope and memory *and* uses matrix products; fusing its loop into
 # one kernel is what the Triton chapters do. Chapter 02 builds it.
 
