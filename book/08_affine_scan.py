@@ -177,7 +177,8 @@ assert max(testing.rel_err(x, y) for x, y in zip(left, right)) < 1e-13
 # map $(M_n, B_n)$ and the output map $O_n = Q^{\text{eff}}_n S_n + O_{0,n}$ of chapter 07 (the library
 # calls $Q^{\text{eff}}$ `P`) — for all four operations ($W = 0$ without the delta rule, so
 # $M_n = \operatorname{diag}(e^{b_C})$ and $Q^{\text{eff}}_n = \text{scale}\,Q\odot e^G$).
-# The state entering chunk $n$ is $S_n = (f_{n-1}\circ\dots\circ f_0)(S_0)$:
+# Chunks and their maps are numbered from 0 here, as in the arrays. The state entering chunk $n$
+# is $S_n = (f_{n-1}\circ\dots\circ f_0)(S_0)$:
 #
 # * **fold** — one map after another, $N$ sequential steps (what `chunk.kda` does);
 # * **prefix scan** — Hillis–Steele: in round $r$ every position $n \ge 2^r$ composes its map with
@@ -352,5 +353,6 @@ for splits in (1, 2, 4, 7):
 #   output correction that is linear in the entering state. SM parallelism: the same, batched on
 #   one device.
 #
-# **Workbook:** `exercises/08_affine_scan.py` — composition and the prefix scan, plus RWKV-7's
-# diagonal-plus-low-rank transition as an open exercise.
+# **Workbook:** `exercises/08_affine_scan.py` — composition, the prefix scan, and RWKV-7's
+# per-token maps (its diagonal-plus-low-rank transition in our convention), graded against a
+# token loop.
