@@ -72,10 +72,10 @@ check("ch07.unit_lower_inverse", unit_lower_inverse);
 # ## Exercise 2 — `ch07.wy_factors`: $U$ and $W$ of one chunk
 #
 # Inputs for one chunk of $C$ tokens: `k` `[..., C, K]` (unit rows), `v` `[..., C, V]`, `g`
-# `[..., C, K]` raw log-gates, `beta` `[..., C]`. With $G_i = g_1 + \dots + g_i$ (cumulative within
-# the chunk) and the β-weighted residuals $\tilde v_i = \beta_i (v_i - k_i D_i s_{i-1})$:
+# `[..., C, K]` raw log-gates, `beta` `[..., C]`. With $b_i = g_1 + \dots + g_i$ (cumulative within
+# the chunk; $G$ stacks the rows $b_i$) and the β-weighted residuals $\tilde v_i = \beta_i (v_i - k_i D_i s_{i-1})$:
 #
-# $$A_{ij} = \beta_i \sum_d k_{id}\, k_{jd}\, e^{G_{id} - G_{jd}} \quad (i > j,\ \text{else } 0), \qquad
+# $$A_{ij} = \beta_i \sum_d k_{id}\, k_{jd}\, e^{b_{id} - b_{jd}} \quad (i > j,\ \text{else } 0), \qquad
 #   U = (I + A)^{-1} \operatorname{diag}(\beta)\, V, \qquad
 #   W = (I + A)^{-1} \operatorname{diag}(\beta)\, (K \odot e^{G}),$$
 #
@@ -84,7 +84,7 @@ check("ch07.unit_lower_inverse", unit_lower_inverse);
 #
 # Two details the grader checks: $A$ is **strictly** lower triangular (the diagonal would count
 # a token's own write before it happens), and $\beta_i$ multiplies **row** $i$ (the token being
-# written), not column $j$. Form $e^{G_i - G_j}$ only where $i > j$ (mask *before* `exp`: above the
+# written), not column $j$. Form $e^{b_i - b_j}$ only where $i > j$ (mask *before* `exp`: above the
 # diagonal the exponent is positive and can overflow).
 
 # %% exercise="ch07.wy_factors"
@@ -98,13 +98,13 @@ check("ch07.wy_factors", wy_factors);
 # %% [markdown]
 # ## Exercise 3 — `ch07.chunk_map`: the chunk as $S' = M S + B$
 #
-# Same inputs. Let $K_{\text{dec}}$ have rows $k_i \odot e^{G_C - G_i}$ (each key decayed to the end
-# of the chunk) and $\gamma = e^{G_C}$ (the decay over the whole chunk). Then
+# Same inputs. Let $K_{\text{dec}}$ have rows $k_i \odot e^{b_C - b_i}$ (each key decayed to the end
+# of the chunk) and $\gamma = e^{b_C}$ (the decay over the whole chunk). Then
 #
 # $$M = \operatorname{diag}(\gamma) - K_{\text{dec}}^\top W \quad[K\times K], \qquad
 #   B = K_{\text{dec}}^\top U \quad[K\times V].$$
 #
-# Return `(M, B)`. Reuse your `wy_factors`. Compute $G_C - G_i$ as the sum of the gates *after*
+# Return `(M, B)`. Reuse your `wy_factors`. Compute $b_C - b_i$ as the sum of the gates *after*
 # $i$ (e.g. a reversed cumulative sum), not as a difference of two large numbers.
 
 # %% exercise="ch07.chunk_map"
@@ -123,9 +123,9 @@ check("ch07.chunk_map", kda_chunk_map);
 #
 # $$\tilde V = U - W S,\qquad
 #   O = \text{scale}\cdot\big((Q \odot e^{G}) S + \operatorname{tril}(A_{qk})\, \tilde V\big),\qquad
-#   S \leftarrow \operatorname{diag}(e^{G_C}) S + K_{\text{dec}}^\top \tilde V,$$
+#   S \leftarrow \operatorname{diag}(e^{b_C}) S + K_{\text{dec}}^\top \tilde V,$$
 #
-# with $(A_{qk})_{ij} = \sum_d q_{id} k_{jd} e^{G_{id} - G_{jd}}$ for $j \le i$ (diagonal included).
+# with $(A_{qk})_{ij} = \sum_d q_{id} k_{jd} e^{b_{id} - b_{jd}}$ for $j \le i$ (diagonal included).
 # `g` may be `[B, T, H]` (one decay per head): give it a trailing axis of size 1. Inputs arrive as
 # `[B, T, H, …]`; `x.transpose(1, 2)` gives `[B, H, T, …]`, then slice chunks along axis 2.
 

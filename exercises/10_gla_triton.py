@@ -35,9 +35,10 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # Companion of `book/10_gla_triton.py`. With per-dimension gates the decay sits *inside* the sum
 # over key dimensions,
 #
-# $$A_{ts} = \sum_\kappa q_{t\kappa}\, k_{s\kappa}\, e^{b_{t\kappa} - b_{s\kappa}} \quad (s \le t),$$
+# $$P_{ts} = \sum_\kappa q_{t\kappa}\, k_{s\kappa}\, e^{b_{t\kappa} - b_{s\kappa}} \quad (s \le t),$$
 #
-# with $b$ the cumulative log-gate inside the chunk, so the chunk's $A$ is not one matrix product.
+# with $b$ the cumulative log-gate inside the chunk, so the chunk's $P$ (chapter 04's intra-chunk
+# matrix; the graders and kernels below call the tensor `A`) is not one matrix product.
 # Secondary chunking splits the chunk into sub-chunks of 16 tokens: an **off-diagonal** tile
 # (query sub-chunk $i$, key sub-chunk $j < i$) factors through a reference point $r$ between them
 # and becomes a `tl.dot`; a **diagonal** tile ($i = j$) has no such point and is built in float32.
@@ -63,16 +64,17 @@ from linattn.grade import check, spec
 # Inputs for N chunks of C tokens (C a multiple of 16): `q`, `k` `[N, C, K]` (float32 or bf16)
 # and `b` `[N, C, K]` float32, the cumulative log-gates of each chunk (non-increasing in $t$, all
 # $\le 0$). Return `A` `[N, C, C]` float32 holding the tiles $(i, j)$ with $j < i$ of
-# $A_{ts} = \sum_\kappa q_{t\kappa} k_{s\kappa} e^{b_{t\kappa} - b_{s\kappa}}$ and **zeros** in
+# $P_{ts} = \sum_\kappa q_{t\kappa} k_{s\kappa} e^{b_{t\kappa} - b_{s\kappa}}$ and **zeros** in
 # every other tile (store those too: `torch.empty` is NaN while graded).
 #
-# For $t$ in sub-chunk $i$ and $s$ in sub-chunk $j < i$, with $r = b_{16i-1}$ (the row just before
-# sub-chunk $i$):
+# For $t$ in sub-chunk $i$ and $s$ in sub-chunk $j < i$ (sub-chunks numbered from 0), with
+# $r = 16i$ the last position before sub-chunk $i$ (positions from 1, $b_0 = 0$; in the 0-based
+# tensor, $b_r$ is row `16*i - 1`):
 #
-# $$e^{b_t - b_s} = e^{b_t - r}\cdot e^{r - b_s}, \qquad
-#   A_{ij} = \big(Q_i \odot e^{B_i - r}\big)\big(K_j \odot e^{r - B_j}\big)^\top ,$$
+# $$e^{b_t - b_s} = e^{b_t - b_r}\cdot e^{b_r - b_s}, \qquad
+#   P_{[i][j]} = \big(Q_{[i]} \odot e^{G_{[i]} - b_r}\big)\big(K_{[j]} \odot e^{b_r - G_{[j]}}\big)^\top ,$$
 #
-# and both exponents are $\le 0$ because $b$ does not increase: nothing overflows, a tiny factor
+# with $G_{[i]}$ the rows $b_t$ of sub-chunk $i$; both exponents are $\le 0$ because $b$ does not increase: nothing overflows, a tiny factor
 # just underflows to 0. Any other reference point (the chunk start, the end of sub-chunk $i$)
 # makes one of the two exponents positive and large. A grid `(C // 16, C // 16, N)` with one
 # 16×16 tile per program is the simplest.
@@ -96,7 +98,7 @@ check("ch10.offdiag_tiles", offdiag_tiles);
 # %% [markdown]
 # ## Exercise 2 — `ch10.diag_tiles`: the diagonal tiles in float32
 #
-# Same inputs; return the tiles $(i, i)$ with $A_{ts}$ for $t \ge s$ (diagonal included) and zeros
+# Same inputs; return the tiles $(i, i)$ with $P_{ts}$ for $t \ge s$ (diagonal included) and zeros
 # above the diagonal and in every other tile. Inside a diagonal tile there is no point between a
 # query and its keys to split at. Build the decays as a `[16, 16, BK]` float32 block,
 # `Bt[:, None, :] - Bt[None, :, :]`, **mask the exponent** with `-inf` above the diagonal
@@ -127,14 +129,14 @@ check("ch10.diag_tiles", diag_tiles);
 # `gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=32,
 # sub_chunk_size=16)`, `g` `[B, T, H, K]` (or `[B, T, H]`, one decay per head: expand it to
 # `[B, T, H, K]` in the launcher). For each chunk, with $b$ the cumulative sum of its gates
-# (`tl.cumsum(G, axis=0)`; load the rows past $T$ as $g = 0$, which decays nothing) and $S$ the
-# state entering it:
+# (`tl.cumsum(g, axis=0)` on the loaded gates; load the rows past $T$ as $g = 0$, which decays
+# nothing), $G$ its rows stacked, and $S$ the state entering it:
 #
-# $$O = \text{scale}\cdot\big((Q \odot e^{b}) S + A V\big), \qquad
-#   S \leftarrow \operatorname{diag}(e^{b_{\text{last}}})\, S + \big(K \odot e^{b_{\text{last}} - b}\big)^\top V,$$
+# $$O = \text{scale}\cdot\big((Q \odot e^{G}) S + P V\big), \qquad
+#   S \leftarrow \operatorname{diag}(e^{b_C})\, S + \big(K \odot e^{b_C - G}\big)^\top V,$$
 #
-# with $A$ the chunk's matrix from exercises 1 and 2 (your two tile kernels can be reused as
-# `@triton.jit` helpers, or write the chunk's $A$ to a float32 buffer in a first kernel and read
+# with $P$ the chunk's matrix from exercises 1 and 2 (your two tile kernels can be reused as
+# `@triton.jit` helpers, or write the chunk's $P$ to a float32 buffer in a first kernel and read
 # it in a second). Every exponent here is $\le 0$. As in workbook 09: the last chunk may be
 # partial, `o` in `v.dtype`, the state float32.
 

@@ -85,10 +85,10 @@ check("ch11.unit_lower_inverse", unit_lower_inverse);
 # ## Exercise 2 — `ch11.wy_factors`: $U$ and $W$ of one chunk
 #
 # `k` `[N, C, K]` (unit rows), `v` `[N, C, V]`, `g` `[N, C, K]` raw log-gates (float32), `beta`
-# `[N, C]`; `k`, `v`, `beta` may be bf16. With $G$ the cumulative gates inside the chunk
-# (`tl.cumsum(G, axis=0)`):
+# `[N, C]`; `k`, `v`, `beta` may be bf16. With $b_i$ the cumulative gates inside the chunk
+# (`tl.cumsum(g, axis=0)`; $G$ stacks the rows $b_i$):
 #
-# $$A_{ij} = \beta_i \sum_\kappa k_{i\kappa} k_{j\kappa}\, e^{G_{i\kappa} - G_{j\kappa}} \ (i > j,\ \text{else } 0),\qquad
+# $$A_{ij} = \beta_i \sum_\kappa k_{i\kappa} k_{j\kappa}\, e^{b_{i\kappa} - b_{j\kappa}} \ (i > j,\ \text{else } 0),\qquad
 #   U = (I + A)^{-1} \operatorname{diag}(\beta) V, \qquad
 #   W = (I + A)^{-1} \operatorname{diag}(\beta) (K \odot e^{G}).$$
 #
@@ -123,9 +123,9 @@ check("ch11.wy_factors", wy_factors);
 #
 # $$\tilde V = U - W S,\qquad
 #   O = \text{scale}\cdot\big((Q \odot e^{G}) S + \operatorname{tril}(A_{qk})\, \tilde V\big),\qquad
-#   S \leftarrow \operatorname{diag}(e^{G_{\text{last}}}) S + \big(K \odot e^{G_{\text{last}} - G}\big)^\top \tilde V,$$
+#   S \leftarrow \operatorname{diag}(e^{b_C}) S + \big(K \odot e^{b_C - G}\big)^\top \tilde V,$$
 #
-# with $(A_{qk})_{ij} = \sum_\kappa q_{i\kappa} k_{j\kappa} e^{G_{i\kappa} - G_{j\kappa}}$ for
+# with $(A_{qk})_{ij} = \sum_\kappa q_{i\kappa} k_{j\kappa} e^{b_{i\kappa} - b_{j\kappa}}$ for
 # $j \le i$ (diagonal included, unlike $A$). Rows past $T$ in the last chunk load as
 # $k = v = \beta = g = 0$: such a token changes nothing (an identity token), so the padded chunk
 # computes the right state. Return `o` in `v.dtype` and the state in float32 (or `None`).
