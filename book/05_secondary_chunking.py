@@ -299,7 +299,7 @@ print(f"C=128, c=16: {matmul_share(128, 16):.1%} of P on matmul tiles "
 assert abs(matmul_share(128, 16) - (1 - 17 / 129)) < 1e-12 and matmul_share(64, 64) == 0
 
 # %% [markdown]
-# ## 6. The paper's listing, and a bug in it
+# ## 6. The paper's listing, and what is wrong in it
 #
 # Appendix B.1 of the GLA paper gives PyTorch-like pseudocode for two-level chunking. Its
 # sub-chunk loop reads (lines 61–90, abridged, in the paper's numbering):
