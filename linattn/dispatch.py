@@ -137,7 +137,10 @@ def linear_attn(q, k, v, *, impl="auto", **kwargs):
     """S_t = S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t. Returns (o, final_state or None).
 
     Keywords go to the level `impl` picks; tuning knobs it lacks (chunk_size, sub_chunk_size,
-    recompute, mode) are ignored, any other keyword it lacks raises KeywordError (see `keywords`)."""
+    recompute, mode) are ignored, any other keyword it lacks raises KeywordError (see `keywords`).
+    A NaN or inf input is refused where the value checks run (CPU tensors, by default); unchecked
+    (GPU tensors) it makes its whole chunk non-finite at the chunk and Triton levels, earlier tokens
+    included (see linattn.validate). The same holds for gla, delta_rule and kda."""
     return call("linear_attn", impl, (q, k, v), kwargs)
 
 

@@ -2,6 +2,14 @@
 
 Each public function calls `check_inputs` first, so bad input fails here with a message that names
 the argument and what was expected, never deep inside a kernel or as a silently wrong result.
+
+Non-finite inputs. With the value checks on (CPU tensors, by default) a NaN or inf in q, k, v, g,
+beta or initial_state is refused, naming the argument and its first non-finite entry. With them off
+(GPU tensors, by default) the values are not read, and a non-finite input makes the outputs of its
+whole chunk non-finite at the chunk and Triton levels, earlier tokens of that chunk included (the
+naive recurrence stays causal): inside a chunk the outputs are matmuls over all its tokens, masked
+above the diagonal, and 0 · NaN = NaN inside a matmul, so a mask cannot keep a NaN value out of
+earlier rows. Later chunks are non-finite too, through the state.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def value_checks(on: bool | None):
-    """Force the data-dependent checks (gate ≤ 0, NaN/inf, β range, key norms) on or off.
+    """Force the data-dependent checks (finite inputs, gate ≤ 0, β range, key norms) on or off.
 
     Shape, dtype and device checks always run: they read metadata only. The value checks read the
     tensors themselves: on a GPU each is a pass over the input plus a host synchronisation (on an
@@ -216,12 +224,13 @@ def check_gate(g, d: Dims, q):
     if checking_values(g):
         lo, hi = torch.stack(torch.aminmax(g)).tolist()   # one pass, one sync; a NaN makes both NaN
         if hi != hi:
-            _fail("g contains NaN; gates must be finite log-decays ≤ 0")
+            _fail(f"g contains NaN {_first_nonfinite(g, 'g')}; gates must be finite log-decays ≤ 0")
         if hi > 0:
             _fail(f"g must hold log-decays ≤ 0 (a decay exp(g) ≤ 1), got max {hi:.4g}; "
                   "pass log(α), e.g. F.logsigmoid(x), not α itself")
         if lo == float("-inf"):
-            _fail("g contains -inf; clamp log-decays to a finite value (e.g. ≥ -1e4)")
+            _fail(f"g contains -inf {_first_nonfinite(g, 'g')}; clamp log-decays to a finite value "
+                  "(e.g. ≥ -1e4)")
 
 
 def check_beta(beta, d: Dims, q, low=0.0, high=2.0):
@@ -232,8 +241,7 @@ def check_beta(beta, d: Dims, q, low=0.0, high=2.0):
         _fail(f"beta must have shape [B, T, H] = {[d.B, d.T, d.H]}, got {tuple(beta.shape)}")
     _tensor("beta", beta, 3, None, q.device)
     if checking_values(beta):
-        if not torch.isfinite(beta).all():
-            _fail("beta contains NaN or inf")
+        check_finite("beta", beta)
         lo, hi = beta.min().item(), beta.max().item()
         if lo < low or hi > high:
             _fail(f"beta must lie in [{low}, {high}], got values in [{lo:.4g}, {hi:.4g}]")
@@ -259,13 +267,50 @@ def check_chunk(chunk_size, sub_chunk_size=None, *, power_of_two=False, minimum=
                   f"or pass a sub_chunk_size that divides {chunk_size}")
 
 
+LAYOUTS = {"q": "[B, T, H, K]", "k": "[B, T, H, K]", "v": "[B, T, H, V]", "beta": "[B, T, H]",
+           "initial_state": "[B, H, K, V]"}
+
+
+def check_finite(name, x):
+    """Refuse a NaN or ±inf in x, naming x and its first non-finite entry (a value check).
+
+    Why refuse rather than pass it through: at the chunk and Triton levels a non-finite input at
+    token t makes the outputs of t's whole chunk non-finite, earlier tokens included (a chunk is a
+    few matmuls, and 0 · NaN = NaN inside a matmul), where the recurrence would keep them finite.
+    The sum is the fast test (one pass, no temporary); only a non-finite sum, which a large finite
+    input can also give, looks element by element."""
+    s = x.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    if bool(torch.isfinite(s)) or bool(torch.isfinite(x).all()):
+        return
+    _fail(f"{name} contains NaN or inf {_first_nonfinite(x, name)}: inputs must be finite")
+
+
+def _first_nonfinite(x, name):
+    at = (~torch.isfinite(x)).nonzero()[0].tolist()
+    value = x[tuple(at)].item()
+    layout = LAYOUTS.get(name, "[B, T, H]" if x.dim() == 3 else "[B, T, H, K]")
+    return (f"({name}[{', '.join(map(str, at))}] = {value} is its first non-finite entry, index "
+            f"{layout})")
+
+
 def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, gate=False,
                  delta=False) -> Dims:
-    """Validate one call; `gate`/`delta` say whether the operation takes g / beta."""
+    """Validate one call; `gate`/`delta` say whether the operation takes g / beta.
+
+    With the value checks on (`checking_values`: CPU tensors by default) a NaN or inf in q, k, v,
+    g, beta or initial_state is refused, naming the argument and its first non-finite entry. With
+    them off (GPU tensors by default) nothing reads the values: a non-finite input then gives
+    non-finite outputs, at the chunk and Triton levels for its whole chunk, earlier tokens included
+    (see `check_finite`)."""
     d = check_qkv(q, k, v, scale)
+    if checking_values(q):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            check_finite(name, x)
     if gate:
         check_gate(g, d, q)
     if delta:
         check_beta(beta, d, q)
     check_state(initial_state, d, q.device)
+    if initial_state is not None and checking_values(initial_state):
+        check_finite("initial_state", initial_state)
     return d

@@ -149,3 +149,32 @@ def test_levels_reachable_after_import_linattn():
             "== (not linattn.device.has_cuda()); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("level", [naive, chunk, linattn])
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "initial_state"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_are_refused_by_name_and_position(level, name, bad):
+    # At the chunk and Triton levels a NaN at token t makes its whole chunk NaN, earlier outputs
+    # included: with the value checks on (CPU default) it is refused, naming where it is.
+    op = "kda" if name in ("g", "beta") else "linear_attn"
+    args = testing.make_inputs(op, B=2, T=9, H=2, K=8, V=8, initial_state=True)
+    x = args[name].clone()
+    at = {3: (1, 5, 1), 4: (1, 5, 1, 3)}[x.dim()] if name != "initial_state" else (1, 1, 5, 3)
+    x[at] = -bad if name == "g" else bad                              # g = +inf is "> 0" instead
+    args[name] = x
+    where = rf"{name}\[{', '.join(map(str, at))}\] = -?{bad}"
+    with pytest.raises(InputError, match=where):
+        getattr(level, op)(**args)
+    with value_checks(False):                                         # the GPU default: not read
+        o, _ = getattr(chunk, op)(**args)
+    assert not torch.isfinite(o).all()
+
+
+def test_large_finite_inputs_pass_the_finite_check():
+    # The fast test is a float32 sum, which a large finite input can overflow: then it looks again.
+    args = good()
+    args["v"] = torch.full_like(args["v"], 3e36, dtype=torch.bfloat16)
+    from linattn.validate import check_finite
+    assert not torch.isfinite(args["v"].sum(dtype=torch.float32))
+    check_finite("v", args["v"])

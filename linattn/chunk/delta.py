@@ -66,6 +66,9 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
 
     recompute: for training, whether the backward recomputes the chunk states (True, less memory)
     or the forward keeps them (False, [B, H, N, K, V] more memory, a faster backward).
+
+    A NaN or inf input is refused when the value checks run (CPU tensors, by default); unchecked it
+    makes the outputs of its whole chunk non-finite, earlier tokens included (linattn.validate).
     """
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_chunk(chunk_size)
@@ -79,7 +82,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         chunk_size=64, recompute=True):
     """Chunkwise KDA (g [B,T,H,K]) / Gated DeltaNet (g [B,T,H]); same results as `naive.kda`.
 
-    recompute: see `delta_rule`.
+    recompute and non-finite inputs: see `delta_rule`.
     """
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)

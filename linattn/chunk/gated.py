@@ -47,6 +47,9 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     `linattn.chunk.gla_backward` runs (recompute=True: it recomputes the chunk states, as the GLA
     paper does; False: the forward keeps them, [B, H, N, K, V] more memory and less work).
     Otherwise the plain forward runs, with no autograd bookkeeping.
+
+    A NaN or inf input is refused when the value checks run (CPU tensors, by default); unchecked it
+    makes the outputs of its whole chunk non-finite, earlier tokens included (linattn.validate).
     """
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)

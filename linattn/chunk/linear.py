@@ -10,6 +10,9 @@ the intra-chunk matmuls of a group of chunks in one batch, the state carried chu
 With grad enabled and an input that requires it, the hand-written backward of
 `linattn.chunk.gla_backward` runs too; recompute=True recomputes the chunk states in the backward,
 False keeps them from the forward.
+
+A NaN or inf input is refused when the value checks run (CPU tensors, by default); unchecked it
+makes the outputs of its whole chunk non-finite, earlier tokens included (linattn.validate).
 """
 from __future__ import annotations
 
