@@ -141,3 +141,20 @@ def test_fused_step_path_of_the_layers(name, monkeypatch):
             ys.append(y_t)
     assert len(calls) == 3
     assert testing.rel_err(torch.cat(ys, 1), y) <= testing.tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_softmax_prefill_uses_a_memory_efficient_sdpa_kernel(grad):
+    # After the short convolution q, k, v were transposed views, and on the CPU SDPA then fell back
+    # to its math kernel: B·H·T² scores (2.9 GB at T = 8192). With SDPA restricted to its flash
+    # kernel (O(T) memory) a prefill, a prefill after a cache, and a decode step must all run.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    layer = lnn.SoftmaxAttention(64, 4)
+    x = torch.randn(2, 50, 64, requires_grad=grad)
+    with torch.set_grad_enabled(grad), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        y, state = layer(x[:, :30])
+        y2, state = layer(x[:, 30:49], state)
+        y3, _ = layer(x[:, 49:], state)
+    if grad:
+        torch.cat([y, y2, y3], 1).sum().backward()
+        assert torch.isfinite(x.grad).all()
