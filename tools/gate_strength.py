@@ -139,7 +139,11 @@ def main(argv=None):
 
     env = bench.environment()
     env.pop("fla", None)
-    record = {"env": env, "device": "cpu", "chunk_size": C, "threads": 1,
+    seeds_used = {"synthetic gates": "torch.Generator().manual_seed(0), drawn in the order listed",
+                  "layers": f"torch.manual_seed(s) and Generator(s) for A, dt, s in {list(seeds)}",
+                  "layer inputs x": "Generator(1000 + s)", "chapter 14 models": "torch.manual_seed(0), train(seed=0)",
+                  "MQAR evaluation batch": "Generator(1234), 256 sequences"}
+    record = {"env": env, "device": "cpu", "chunk_size": C, "threads": 1, "seeds": seeds_used,
               "seconds": round(time.perf_counter() - start, 1), "trained": trained, "distributions": dists}
     Path(args.out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {args.out} ({record['seconds']} s)")
