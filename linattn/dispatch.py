@@ -16,7 +16,7 @@ import difflib
 import importlib
 import inspect
 
-from .validate import InputError
+from .validate import InputError, refuse_func_transforms
 
 OPS = ("linear_attn", "gla", "delta_rule", "kda")
 LEVELS = ("naive", "chunk", "triton")
@@ -65,6 +65,8 @@ def resolve(op: str, impl: str, is_cuda: bool):
 def call(op: str, impl: str, args: tuple, kwargs: dict):
     fn, desc = resolve(op, impl, args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False)
     kwargs = keywords(op, fn, desc, kwargs)
+    if desc.startswith("linattn.triton."):   # the chunk level refuses by itself
+        refuse_func_transforms(desc.split(" ")[0])
     _last[op] = desc
     return fn(*args, **kwargs)
 

@@ -95,6 +95,27 @@ def autocast_off(fn):
     return wrapper
 
 
+def func_transforms() -> set:
+    """The torch.func transforms active now ({'vmap'}, {'grad'}, ...; empty outside them)."""
+    try:
+        stack = torch._C._functorch.get_interpreter_stack()
+    except AttributeError:                                            # not in this torch: no check
+        return set()
+    return {str(i.key()).rsplit(".", 1)[-1].lower() for i in stack or ()}
+
+
+def refuse_func_transforms(where: str) -> None:
+    """For code whose backward is a hand-written torch.autograd.Function (the chunk and Triton
+    levels): torch.func.grad / jacrev / jvp / vmap cannot pass through it (it defines no
+    setup_context or vmap rule), so say so, and what works, before PyTorch fails inside it."""
+    active = func_transforms()
+    if active:
+        _fail(f"{where} does not support torch.func transforms ({', '.join(sorted(active))} is "
+              "active): its backward is a hand-written torch.autograd.Function without functorch "
+              "rules. Use torch.autograd.grad / .backward() with it, or impl='naive' "
+              "(linattn.naive), which torch.func.grad differentiates; for vmap, batch along B.")
+
+
 class DoubleBackwardError(RuntimeError):
     """A second derivative through a hand-written, first-order backward."""
 
@@ -303,6 +324,10 @@ def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, 
     non-finite outputs, at the chunk and Triton levels for its whole chunk, earlier tokens included
     (see `check_finite`)."""
     d = check_qkv(q, k, v, scale)
+    if "vmap" in func_transforms():
+        _fail("linattn operations do not support torch.func.vmap at any level (the naive level "
+              "writes its outputs in place, the others run hand-written autograd.Functions); "
+              "every operation is batched already: stack the inputs along B (or H)")
     if checking_values(q):
         for name, x in (("q", q), ("k", k), ("v", v)):
             check_finite(name, x)

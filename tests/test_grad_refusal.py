@@ -54,3 +54,22 @@ def test_naive_level_is_differentiable_twice():
     q = args["q"].requires_grad_(True)
     fn = lambda x: linattn.gla(**dict(args, q=x), impl="naive")[0].square().sum()  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, (q,))
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunk", "triton"])
+def test_torch_func_transforms(impl):
+    # torch.func.grad works at the naive level; the hand-written autograd.Functions have no functorch
+    # rules, so grad is refused there by name, and vmap (no level supports it) everywhere.
+    args = testing.make_inputs("gla", B=1, T=20, H=1, K=8, V=8)
+    kw = {} if impl == "naive" else {"chunk_size": 16}
+    f = lambda q: linattn.gla(**dict(args, q=q), impl=impl, **kw)[0].sum()  # noqa: E731
+    if impl == "naive":
+        dq = torch.func.grad(f)(args["q"])
+        q = args["q"].clone().requires_grad_(True)
+        assert torch.allclose(dq, torch.autograd.grad(f(q), q)[0])
+    else:
+        with pytest.raises(InputError, match=rf"linattn.{impl}.gla does not support torch.func"):
+            torch.func.grad(f)(args["q"])
+    one = lambda q: linattn.gla(**dict(args, q=q[None]), impl=impl, **kw)[0][0]  # noqa: E731
+    with pytest.raises(InputError, match="vmap"):
+        torch.func.vmap(one)(args["q"].expand(3, -1, -1, -1).contiguous())

@@ -55,7 +55,7 @@ import torch
 from .. import decay, outputs
 from ..naive.delta import check_keys
 from ..naive.linear import initial
-from ..validate import autocast_off, check_chunk, check_inputs
+from ..validate import autocast_off, check_chunk, check_inputs, refuse_func_transforms
 from .gla_tiles import _blocks
 
 
@@ -73,6 +73,7 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
+    refuse_func_transforms("linattn.chunk.delta_rule")
     return _run(q, k, v, None, beta, d, initial_state, output_final_state, _clamp(chunk_size, d.T),
                 recompute)
 
@@ -88,6 +89,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                      gate=True, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
+    refuse_func_transforms("linattn.chunk.kda")
     return _run(q, k, v, g, beta, d, initial_state, output_final_state, _clamp(chunk_size, d.T),
                 recompute)
 

@@ -35,7 +35,8 @@ import torch
 from .. import decay, outputs
 from . import gla_tiles
 from ..naive.linear import initial
-from ..validate import FLOAT_DTYPES, Dims, InputError, autocast_off, check_chunk, check_inputs
+from ..validate import (FLOAT_DTYPES, Dims, InputError, autocast_off, check_chunk, check_inputs,
+                        refuse_func_transforms)
 
 
 @autocast_off
@@ -53,6 +54,7 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     """
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)
+    refuse_func_transforms("linattn.chunk.gla")
     mm = _matmul_dtype(inter_dtype, q.dtype)
     # Every chunk size gives the same result, so a sequence shorter than one chunk is padded only
     # to whole sub-chunks (chunk_size=4096 on 10 tokens must not build 4096 × 4096 tiles), and a

@@ -16,7 +16,7 @@ makes the outputs of its whole chunk non-finite, earlier tokens included (linatt
 """
 from __future__ import annotations
 
-from ..validate import autocast_off, check_chunk, check_inputs
+from ..validate import autocast_off, check_chunk, check_inputs, refuse_func_transforms
 from .gated import ChunkwiseGated, Plan, forward, needs_grad
 
 
@@ -25,6 +25,7 @@ def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=F
                 recompute=True):
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
     check_chunk(chunk_size)
+    refuse_func_transforms("linattn.chunk.linear_attn")
     C = min(chunk_size, d.T)                                           # no padding past a short T
     # matmul operands are not rounded to the input dtype: accumulation dtype throughout
     plan = Plan(d, C, C, d.acc, bool(recompute))

@@ -1,6 +1,8 @@
 """Level 1, naive: token-by-token recurrences and quadratic parallel forms — the ground truth.
 
 Run them on float64 inputs to get the reference every other level is checked against.
+Plain PyTorch, differentiated by autograd: to any order (create_graph=True) and by torch.func.grad /
+jacrev. Not by torch.func.vmap (outputs are written in place): batch along B instead.
 """
 from .linear import linear_attn, linear_attn_parallel
 
