@@ -89,6 +89,8 @@ def _worker(wid: int, tasks, results, opts: dict):
             send("crash", wid, c["id"], str(exc))
             die(3)
         send("done", wid, c["id"], row)
+        if device != "cpu":
+            torch.cuda.empty_cache()            # 14 workers' cached blocks would crowd one GPU out
     die(0)
 
 
@@ -201,14 +203,14 @@ class Runner:
                 for wid, w in list(workers.items()):
                     c = w["case"]
                     dead = not w["proc"].is_alive()
-                    late = c is not None and now - self.started[c["id"]] > self.timeout
+                    late = c is not None and now - self.started[c["id"]] > c.get("timeout", self.timeout)
                     if dead or late:
                         if dead and c is not None:
                             self._drain(workers)                            # its last words, if any
                             c = w["case"]
                         if c is not None:
                             code = w["proc"].exitcode
-                            msg = (f"timeout after {self.timeout:g} s" if late and not dead else
+                            msg = (f"timeout after {c.get('timeout', self.timeout):g} s" if late and not dead else
                                    f"worker died (exit code {code})")
                             w["case"] = None
                             self._lost(c, "timeout" if late and not dead else "crash", msg)
