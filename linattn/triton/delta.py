@@ -33,14 +33,15 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
+from .common import MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
-# (H200, bf16): BV 16 with 4 warps best for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94). Up to 3
+# (H200, bf16): BV 16 with 4 warps was fastest for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94), but
+# blocks narrower than common.MIN_TILE are not used (see there). Up to 3
 # pipeline stages (fewer where they do not fit, `launch`): with every load of the chunk loop
 # pipelined, DeltaNet's whole forward at T = 32k took 1.32 ms against 1.61 with 2 stages (Gated
 # DeltaNet 1.51 / 1.78, KDA 3.43 / 3.70) and the same at T = 1k.
@@ -48,17 +49,18 @@ TUNING = dict(bv_state=None, bv_out=64, warps_state=4, warps_out=4, stages_state
 
 
 def state_block(V, BH, sms=None):
-    """V-block of the state pass: the widest of 64, 32, 16 that still gives every SM a program.
+    """V-block of the state pass: 64 wide if that still gives every SM a program, else MIN_TILE.
 
     B·H·⌈V/BV⌉ programs walk the chunks in order; with one sequence of 16 heads, 64-wide blocks
-    leave most of an H200's 132 SMs idle (docs/perf_notes.md). `sms`: this GPU's by default."""
+    leave most of an H200's 132 SMs idle (docs/perf_notes.md). 16-wide blocks gave a long sequence
+    still more programs, but in float32 the backward's reverse pass computed wrong state gradients
+    with them natively (K = 16 or V ≤ 32, one chunk; common.MIN_TILE). `sms`: this GPU's by default."""
     if TUNING["bv_state"]:
-        return min(block(V), TUNING["bv_state"])
+        return min(block(V), max(TUNING["bv_state"], MIN_TILE))
     sms = num_sms() if sms is None else sms
-    for bv in (64, 32):
-        if BH * triton.cdiv(V, min(block(V), bv)) >= sms:
-            return min(block(V), bv)
-    return 16
+    if BH * triton.cdiv(V, min(block(V), 64)) >= sms:
+        return min(block(V), 64)
+    return min(block(V), MIN_TILE)
 
 
 # The largest chunk the delta-rule kernels take (FLA's fixed chunk is 64 too). Natively on an H200

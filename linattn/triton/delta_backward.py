@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import first_order
-from .common import block, contiguous, launch, stage, warps
+from .common import MIN_TILE, block, contiguous, launch, stage, warps
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
 
@@ -50,12 +50,10 @@ from .wy_backward import gate_stage, mm, precise
 # stages that fit): in float32 the reverse pass's tiles at BV = 64 need 353 KB of shared memory
 # with Triton's default stages, over an H200's 227 KB.
 # Float32 tiles natively (tf32x3 products) take the reverse pass with 4 warps: with 8, on an H200
-# (Triton 3.6, K = V = 128, C = 64, 16-wide V-blocks, B·H = 8) it faulted with an illegal memory
-# access or returned wrong state gradients (the initial state's 0.68 off, relative), while the
-# interpreter's result at that shape was right; 4 warps, or V-blocks of 32 or 64, were right
-# there. Compiled for sm_90, those launches are the only ones whose [C, BV] products go to the
-# Hopper tensor cores (wgmma) as float32 with 8 warps over 64 rows and 16 columns (at C ≤ 32 the
-# [C, BV] products use mma.sync, and bf16 tiles were right with 8 warps).
+# (Triton 3.6, K = V = 128, C = 64, B·H = 8) it faulted or returned wrong state gradients while the
+# interpreter was right. Every launch here also follows common.MIN_TILE and common.warps (no tile
+# narrower than 32 columns, 8 warps only over tiles at least 64 wide), the rule that narrow tiles
+# came under natively.
 TUNING = dict(bv_state=None, bv_chunk=32, warps_state=8, warps_state_f32=4, warps_chunk=8)
 
 
@@ -137,7 +135,7 @@ def dstate_stage(q, g, wy, do, dht, p):
     dhs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
-    BV = min(block(V), TUNING["bv_state"]) if TUNING["bv_state"] else state_block(V, B * H)
+    BV = min(block(V), max(TUNING["bv_state"], MIN_TILE)) if TUNING["bv_state"] else state_block(V, B * H)
     launch(_dstate_kernel, (triton.cdiv(V, BV), B * H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
@@ -158,7 +156,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
                  ddl=outputs.empty((B, H, p.NT, K), **f32))
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
-    BV = min(block(V), TUNING["bv_chunk"])
+    BV = min(block(V), max(TUNING["bv_chunk"], MIN_TILE))
     launch(_dchunk_kernel, (p.NT, B * H),
         v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
