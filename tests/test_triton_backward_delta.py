@@ -174,7 +174,7 @@ def test_against_chunk_level():
 
 
 def test_narrow_blocks(monkeypatch):
-    # several V-blocks in the reverse state pass and the per-chunk reductions, several K-blocks in
+    # several V-blocks (32 wide, MIN_TILE) in the reverse state pass and the per-chunk reductions, several K-blocks in
     # the gate kernel (their partial sums of dβ and of a per-head dg), all partly masked
     monkeypatch.setitem(delta_backward.TUNING, "bv_state", 16)
     monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 16)

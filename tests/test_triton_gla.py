@@ -191,9 +191,9 @@ def test_block_and_mode_rules(monkeypatch):
     assert gated.state_config(128, 128, 16, gated.NO_GATE, sms=132) == (64, 32, 4)
     assert gated.state_config(128, 128, 32, gated.HEAD_GATE, sms=132) == (64, 64, 4)    # T = 16k
     assert gated.state_config(128, 128, 32, gated.NO_GATE, sms=132) == (64, 64, 3)
-    assert gated.state_config(128, 128, 16, gated.DIM_GATE, sms=132) == (16, 128, 3)
+    assert gated.state_config(128, 128, 16, gated.DIM_GATE, sms=132) == (32, 128, 3)    # never < MIN_TILE
     assert gated.state_config(128, 128, 32, gated.DIM_GATE, sms=132) == (32, 128, 3)
-    assert gated.state_config(16, 16, 1, gated.DIM_GATE, sms=132) == (16, 16, 3)      # never past K, V
+    assert gated.state_config(16, 16, 1, gated.DIM_GATE, sms=132) == (32, 32, 3)      # K, V padded to MIN_TILE
 
 
 def test_zero_gate_is_linear_attention():

@@ -434,15 +434,15 @@ def state_config(K: int, V: int, BH: int, gate: int, sms=None):
       against 0.30; 32×64 took 0.53);
     - per-dimension gates hold a float32 gate tile as large as the key tile, which a program of
       all of V loads once instead of once per V-block: 32×128 took 0.24–0.34 ms at T ≤ 16k
-      against 0.32–0.46 for 64×64; with few programs, 16×128 (as many programs as 32×64, each
-      loading its gates once) 0.51 ms at 32k against 0.63 for 32×64 and 0.93 for 64×64;
+      against 0.32–0.46 for 64×64 (with few programs 16×128 was faster still, 0.51 ms at 32k
+      against 0.63 for 32×64, but no head-dimension tile is narrower than MIN_TILE: common.py);
     - otherwise 64×64, with 4 stages for per-head gates (0.405 / 0.451 ms for the whole call at
       T = 8k / 16k against 0.416 / 0.463 with 3) and 3 without gates."""
     sms = num_sms() if sms is None else sms
     few = BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
-    narrow = max(16, STATE_BLOCK // 2)
+    narrow = max(MIN_TILE, STATE_BLOCK // 2)
     if gate == DIM_GATE:
-        BK, BV, stages = max(16, narrow // 2) if few else narrow, 2 * STATE_BLOCK, 3
+        BK, BV, stages = narrow, 2 * STATE_BLOCK, 3
     elif few:
         BK, BV, stages = (narrow, STATE_BLOCK, 4) if gate == HEAD_GATE else (STATE_BLOCK, narrow, 4)
     else:
