@@ -25,6 +25,7 @@ SEMANTIC = {"scale", "initial_state", "output_final_state"}  # never dropped, un
 
 _preferred: dict[str, str] = {}
 _last: dict[str, str] = {}
+_in_mine: set[str] = set()  # ops whose reader's implementation is running now
 
 
 def set_impl(op: str, impl: str = "auto") -> None:
@@ -63,12 +64,25 @@ def resolve(op: str, impl: str, is_cuda: bool):
 
 
 def call(op: str, impl: str, args: tuple, kwargs: dict):
-    fn, desc = resolve(op, impl, args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False)
+    is_cuda = args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False
+    mine = impl == "mine" or (impl == "auto" and _preferred.get(op) == "mine")
+    if mine and op in _in_mine:
+        # the reader's implementation calls linattn.<op> itself (e.g. wraps it): that inner call
+        # runs the reference, or "mine" would call itself without end
+        impl, mine = ("triton" if is_cuda else "chunk"), False
+    fn, desc = resolve(op, impl, is_cuda)
     kwargs = keywords(op, fn, desc, kwargs)
     if desc.startswith("linattn.triton."):   # the chunk level refuses by itself
         refuse_func_transforms(desc.split(" ")[0])
     _last[op] = desc
-    return fn(*args, **kwargs)
+    if not mine:
+        return fn(*args, **kwargs)
+    _in_mine.add(op)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _in_mine.discard(op)
+        _last[op] = desc   # the inner call said "reference"; what ran was the reader's
 
 
 # Keywords that choose how a result is computed, never what it is: every chunk size, sub-chunk
