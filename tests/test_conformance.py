@@ -61,6 +61,8 @@ def test_crashes_and_hangs_are_isolated(run):
     assert rows["selftest-selftest_cuda"]["status"] == "crash"
     assert "illegal memory access" in rows["selftest-selftest_cuda"]["failed"][0]
     assert rows["selftest-selftest_hang"]["status"] == "timeout"
+    fla = rows["selftest-selftest_exit_in_fla"]                                 # ours done, FLA's crash
+    assert fla["status"] == "pass" and fla["fla_result"]["status"] == "crashed"
     # the case's parameters are in its row, and every other case still ran
     assert rows["selftest-selftest_exit"]["K"] == 16
     assert all(rows[c["id"]]["status"] == "pass" for c in cases)
@@ -69,8 +71,8 @@ def test_crashes_and_hangs_are_isolated(run):
 def test_summary_budget_and_exit_status(run, capsys):
     out, cases, rows = run
     s = runner.summarize(list(rows.values()))
-    assert s["counts"] == {"pass": len(cases), "crash": 2, "timeout": 1}
-    assert {f["id"] for f in s["failures"]} == {f"selftest-{k}" for k in runner.SELFTESTS}
+    assert s["counts"] == {"pass": len(cases) + 1, "crash": 2, "timeout": 1}
+    assert {f["id"] for f in s["failures"]} == {f"selftest-{k}" for k in runner.SELFTESTS[:3]}
     assert set(s["budget"]) == set(matrix.VARIANTS)
     cell = s["budget"]["kda"]["float32"]["dg"]
     assert 0 < cell["ours"] <= testing.GRAD_TOLERANCE[torch.float32] and cell["case"] == "kda-cpu-005"

@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import sys
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -90,9 +91,15 @@ def main(argv=None) -> int:
     out = Path(a.out)
     run = runner.Runner(cases, workers=a.workers, out=out, timeout=a.timeout, max_seconds=a.max_seconds,
                         reference=a.reference)
-    rows = run.run()
-    env = environment(run.devices)
-    s, md = write_summary(out, rows, cut=run.cut, not_run=len(run.not_run), total=len(cases), env=env)
+    try:
+        rows = run.run()
+        cut, not_run = run.cut, len(run.not_run)
+    except Exception as exc:  # noqa: BLE001  (the runner itself broke: still summarise what finished)
+        traceback.print_exc()
+        rows, cut, not_run = list(run.rows.values()), f"runner error: {type(exc).__name__}: {exc}", None
+        rows.append({"id": "runner", "variant": "-", "status": "error", "failed": [cut]})
+    env = environment(getattr(run, "devices", ()))
+    s, md = write_summary(out, rows, cut=cut, not_run=not_run, total=len(cases), env=env)
     print(md)
     print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.md'}")
     if a.record:

@@ -9,7 +9,7 @@ FLA beside ours on the same inputs when it is importable.
     failed   the tensors over tolerance, 'guard' (an out-of-bounds write), 'dtype' (a gradient in the
              wrong dtype), or the error message
     guards   the overwritten buffers (outputs.Guards), when any
-    fla      {'status': 'ran' | 'refused' | 'absent', 'err': {...}, 'msg': ...} when case['fla']
+    fla_result  {'status': 'ran' | 'refused' | 'absent', 'err': {...}, 'msg': ...} when case['fla']
     seconds  wall time of the case, and of its parts
 A CUDA error (an illegal memory access kills the process's CUDA context) is raised as CudaError
 for the worker to report as a crash and exit.
@@ -187,11 +187,11 @@ def run(case: dict, device, *, reference_mode: str = "naive", fla_hook=None) -> 
     ref = row.pop("_ref", None)
     if case.get("fla") and not case.get("check"):
         if fla_fn(case["variant"]) is None:
-            row["fla"] = {"status": "absent"}
+            row["fla_result"] = {"status": "absent"}
         else:
             if fla_hook is not None:
                 fla_hook(dict(row))
-            row["fla"] = fla(case, device, ref)
+            row["fla_result"] = fla(case, device, ref)
     return row
 
 

@@ -34,8 +34,9 @@ TENSORS = ("o", "S", "dq", "dk", "dv", "dg", "dbeta", "dh0", "decode.o", "decode
 COMPILE_WEIGHT = {"linear_attn": 1.0, "gla": 1.5, "simple_gla": 1.2, "delta_rule": 2.0,
                   "gated_delta_rule": 2.5, "kda": 5.0}
 # the runner's own checks (tests/test_conformance.py): a case whose `check` names one of these makes
-# its worker exit without a word (as a segfault would), hang, or report a broken CUDA context
-SELFTESTS = ("selftest_exit", "selftest_hang", "selftest_cuda")
+# its worker exit without a word (as a segfault would), hang, report a broken CUDA context, or exit
+# after handing in our result, while FLA would be running (the crash is then FLA's, not the case's)
+SELFTESTS = ("selftest_exit", "selftest_hang", "selftest_cuda", "selftest_exit_in_fla")
 
 
 def group_key(case: dict) -> tuple:
@@ -80,6 +81,9 @@ def _worker(wid: int, tasks, results, opts: dict):
             os._exit(7)                                                 # no message: like a segfault
         if check == "selftest_hang":
             time.sleep(3600)
+        if check == "selftest_exit_in_fla":
+            send("ours", wid, c["id"], dict(c, status="pass", err={}, tol={}, failed=[], seconds=0.0))
+            die(9)
         try:
             if check == "selftest_cuda":
                 raise C.CudaError("CUDA error: an illegal memory access was encountered (self-test)")
@@ -124,7 +128,7 @@ class Runner:
         """The case of a worker that died or overran: our row if FLA was what broke, else the case."""
         mine = self.pending.pop(c["id"], None)
         if mine is not None:
-            mine["fla"] = {"status": "crashed" if status == "crash" else status, "msg": msg}
+            mine["fla_result"] = {"status": "crashed" if status == "crash" else status, "msg": msg}
             self._write(mine)
         else:
             self._write(dict(c, status=status, failed=[msg], seconds=round(time.time() - self.started.get(c["id"], self.t0), 3)))
@@ -171,7 +175,7 @@ class Runner:
         try:
             while True:
                 for w in workers.values():                              # keep every worker busy
-                    if w["case"] is None and w["ready"] and w["proc"].is_alive():
+                    if w["case"] is None and w["ready"] and not w.get("dying") and w["proc"].is_alive():
                         c = self._next_case(w)
                         if c is not None:
                             w["case"] = c
@@ -197,7 +201,7 @@ class Runner:
                     self._write(payload)
                 elif kind == "crash":
                     c = workers[wid]["case"]
-                    workers[wid]["case"] = None
+                    workers[wid]["case"], workers[wid]["dying"] = None, True     # it exits: no new case
                     self._lost(c, "crash", payload)
                 now = time.time()
                 for wid, w in list(workers.items()):
@@ -235,7 +239,7 @@ class Runner:
                     c = w["case"]
                     mine = self.pending.pop(c["id"], None)
                     if mine is not None:
-                        mine["fla"] = {"status": "cut", "msg": why}
+                        mine["fla_result"] = {"status": "cut", "msg": why}
                         self._write(mine)
                     else:
                         self._write(dict(c, status="cut", failed=[why]))
@@ -271,6 +275,7 @@ class Runner:
             elif kind in ("done", "crash") and wid in workers and workers[wid]["case"] is not None:
                 c = workers[wid]["case"]
                 workers[wid]["case"] = None
+                workers[wid]["dying"] = kind == "crash"
                 if kind == "done":
                     self.pending.pop(cid, None)
                     self._write(payload)
@@ -304,6 +309,8 @@ def _float(x):
 
 
 def describe(c: dict) -> str:
+    if "K" not in c:
+        return str(c.get("variant", ""))
     chunk = f"C={c['chunk_size']}" + (f"/{c['sub_chunk_size']}" if c.get("sub_chunk_size") else "")
     s = (f"{c['variant']} B={c['B']} T={c['T']} H={c['H']} K={c['K']} V={c['V']} {c['dtype']} {chunk}"
          f"{' ' + c['strength'] if c.get('strength') else ''} h0={int(c['h0'])} final={int(c['final'])} "
@@ -317,7 +324,7 @@ def progress_line(row, done, total, elapsed) -> str:
     if errs:
         k = max(errs, key=lambda n: (errs[n] / row["tol"][n]) if errs[n] == errs[n] else math.inf)
         worst = f" worst {k} {errs[k]:.1e}/{row['tol'][k]:.0e}"
-    fla = row.get("fla") or {}
+    fla = row.get("fla_result") or {}
     extra = f" fla:{fla['status']}" if fla else ""
     failed = f" FAILED {row['failed'][:4]}" if row.get("status") != "pass" and row.get("failed") else ""
     return (f"[{done:4d}/{total}] {elapsed:6.0f}s {row.get('status', '?'):7s} {row['id']:28s} {describe(row)}"
@@ -331,7 +338,7 @@ def budget(rows) -> dict:
     for r in rows:
         if r.get("check") or r.get("status") not in ("pass", "fail"):
             continue
-        fla = r.get("fla") or {}
+        fla = r.get("fla_result") or {}
         ran = fla.get("status") == "ran"
         for name, e in (r.get("err") or {}).items():
             e = _float(e)
