@@ -362,7 +362,7 @@ assert e_prefix > 0.5
 # $b$ the chunk's cumulative log-gates, $\Lambda$, $\Gamma$, $\gamma$ as before and $S$ the entering state:
 #
 # $$A_{ij} = \beta_i \textstyle\sum_\kappa k_{i\kappa}k_{j\kappa}e^{b_{i\kappa}-b_{j\kappa}}\ (i > j),\quad
-#   T = (I + A)^{-1},\quad U = T\operatorname{diag}(\beta)V,\quad W = T\operatorname{diag}(\beta)(K\odot\Lambda),$$
+#   \mathcal T = (I + A)^{-1},\quad U = \mathcal T\operatorname{diag}(\beta)V,\quad W = \mathcal T\operatorname{diag}(\beta)(K\odot\Lambda),$$
 # $$\tilde V = U - W S,\qquad O = \text{scale}\,\big((Q\odot\Lambda) S + A_{qk}\tilde V\big),\qquad
 #   S' = \operatorname{diag}(\gamma) S + (K\odot\Gamma)^\top\tilde V,$$
 #
@@ -370,13 +370,13 @@ assert e_prefix > 0.5
 # with the state now entering $\tilde V$ as well: $d\tilde V = \text{scale}\,A_{qk}^\top dO +
 # (K\odot\Gamma)\,dS'$ and $dS = \text{scale}\,(Q\odot\Lambda)^\top dO - W^\top d\tilde V +
 # \operatorname{diag}(\gamma)\,dS'$; then $dU = d\tilde V$ and $dW = -d\tilde V S^\top$.
-# The new piece is the inverse. For $X = T Y$ with $T = (I + A)^{-1}$, $dT = -T\,dA\,T$ gives
+# The new piece is the inverse. For $X = \mathcal T Y$ with $\mathcal T = (I + A)^{-1}$, $d\mathcal T = -\mathcal T\,dA\,\mathcal T$ gives
 #
-# $$dY = T^\top dX,\qquad dA = -\operatorname{tril}_{-1}\big(T^\top dX\, X^\top\big) = -\operatorname{tril}_{-1}\big(dY\, X^\top\big),$$
+# $$dY = \mathcal T^\top dX,\qquad dA = -\operatorname{tril}_{-1}\big(\mathcal T^\top dX\, X^\top\big) = -\operatorname{tril}_{-1}\big(dY\, X^\top\big),$$
 #
-# one more product with $T^\top$ (or a triangular solve with $(I + A)^\top$) and one matmul.
-# Applied to $U$ and $W$ (both $T\cdot$something), with
-# $dY_U = T^\top dU$, $dY_W = T^\top dW$:
+# one more product with $\mathcal T^\top$ (or a triangular solve with $(I + A)^\top$) and one matmul.
+# Applied to $U$ and $W$ (both $\mathcal T\cdot$something), with
+# $dY_U = \mathcal T^\top dU$, $dY_W = \mathcal T^\top dW$:
 #
 # $$dA = -\operatorname{tril}_{-1}(dY_U U^\top + dY_W W^\top),\quad dv_i = \beta_i\, dY_{U,i},\quad
 #   d\beta_i = dY_{U,i}\cdot v_i + dY_{W,i}\cdot(k_i\odot\Lambda_i) + \textstyle\sum_{j<i} dA_{ij}\, A^{kk}_{ij},$$
@@ -392,7 +392,7 @@ Y, dX = torch.randn(n, 8, dtype=torch.float64), torch.randn(n, 8, dtype=torch.fl
 I = torch.eye(n, dtype=torch.float64)
 X = torch.linalg.solve_triangular(I + A, Y, upper=False, unitriangular=True)   # X = (I + A)⁻¹ Y
 (X * dX).sum().backward()
-dY = torch.linalg.solve_triangular((I + A).T.detach(), dX, upper=True, unitriangular=True)  # Tᵀ dX
+dY = torch.linalg.solve_triangular((I + A).T.detach(), dX, upper=True, unitriangular=True)  # 𝒯ᵀ dX
 dA = -(dY @ X.detach().T).tril(-1)
 print(f"dA = −tril(Tᵀ dX Xᵀ) vs autograd: {testing.rel_err(dA, A.grad):.1e}")
 assert testing.rel_err(dA, A.grad) < testing.tolerance(torch.float64)
