@@ -170,9 +170,9 @@ class _Refuse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *_):
         raise DoubleBackwardError(
-            f"{ctx.where}: the backward is hand-written and first-order, so it cannot be "
-            "differentiated twice (a second grad after create_graph=True would be wrong). For "
-            "gradients of gradients (a gradient penalty, Hessian-vector products) use "
+            f"{ctx.where}: the backward is hand-written and first-order (once_differentiable), so "
+            "it cannot be differentiated twice (a second grad after create_graph=True would be "
+            "wrong). For gradients of gradients (a gradient penalty, Hessian-vector products) use "
             "impl='naive' (linattn.naive), which autograd differentiates to any order.")
 
 
