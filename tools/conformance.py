@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             by.setdefault(c["variant"], []).append(c)
         for v, cs in by.items():
             dt = {d: sum(c["dtype"] == d for c in cs) for d in matrix.DTYPES}
-            print(f"{v}: {len(cs)} cases {dt}, {len({runner.group_key(c) for c in cs})} specialisations")
+            print(f"{v}: {len(cs)} cases {dt}, {len(matrix.specialisations(cs))} Triton specialisations")
         print("missing:", {v: {k: x for k, x in r.items() if x} for v, r in matrix.coverage(cases).items()})
         return 0
 

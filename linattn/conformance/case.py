@@ -156,10 +156,19 @@ def compare(case, errs, tols, o, S, g, o_ref, S_ref, g_ref, args, prefix=""):
     return bad
 
 
+def collapse(lines):
+    """Repeated guard reports (one buffer per decoded token, say) as one line with a count."""
+    out = {}
+    for x in lines:
+        out[x] = out.get(x, 0) + 1
+    return [x if n == 1 else f"{x} (×{n})" for x, n in out.items()]
+
+
 def verdict(row):
     failed = [k for k, e in row["err"].items() if not e <= row["tol"][k]]    # NaN fails too
     failed += row.pop("_bad", [])
     if row.get("guards"):
+        row["guards"] = collapse(row["guards"])
         failed.append("guard")
     row["failed"] = failed
     row["status"] = "fail" if failed else "pass"

@@ -166,18 +166,26 @@ def native_cases(variant: str, per_variant: int = NATIVE_PER_VARIANT) -> list[di
     return cases
 
 
-def property_cases(variant: str, dtypes=DTYPES, *, K=32, V=64, T=100) -> list[dict]:
-    """Causality, prefix + suffix, batch rows (every dtype) and chunk-size independence (bf16) on
-    one small K ≠ V shape; decode = whole sequence runs inside every regular case."""
+def property_cases(variant: str, dtypes=DTYPES, *, K=32, V=64, T=100, grid=None) -> list[dict]:
+    """Causality, prefix + suffix, batch rows (every dtype) and chunk-size independence (bf16) on a
+    small K ≠ V shape; decode = whole sequence runs inside every regular case. With `grid` (the
+    variant's regular cases) each dtype takes the shape and chunk of a small K ≠ V grid case of that
+    dtype, so the properties compile nothing new natively."""
     strength = "strong" if gated(variant) else None
     cases, n = [], 900
     for dtype in dtypes:
+        shape = (K, V, (32, 16) if variant == "gla" else (32, None))
+        for c in grid or ():
+            if (c["part"] == "grid" and c["dtype"] == dtype and c["K"] != c["V"] and max(c["K"], c["V"]) <= 64
+                    and c["chunk_size"] <= 64):
+                shape = (c["K"], c["V"], (c["chunk_size"], c["sub_chunk_size"]))
+                break
         for check in ("causality", "prefix_suffix", "batch_rows"):
-            cases.append(_case(n, "property", variant, K=K, V=V, T=T, dtype=dtype, chunk=(32, 16 if variant == "gla" else None),
+            cases.append(_case(n, "property", variant, K=shape[0], V=shape[1], T=T, dtype=dtype, chunk=shape[2],
                                strength=strength, flags=(True, True, True), bh=(3, 3) if check == "batch_rows" else (1, 3),
                                decode=False, check=check))
             n += 1
-    cases.append(_case(n, "property", variant, K=K, V=V, T=T, dtype="bfloat16" if "bfloat16" in dtypes else dtypes[0],
+    cases.append(_case(n, "property", variant, K=16, V=32, T=T, dtype="bfloat16" if "bfloat16" in dtypes else dtypes[0],
                        chunk=default_chunk(variant), strength=strength, flags=(True, True, True), bh=(1, 3),
                        decode=False, check="chunk_size"))
     return cases
@@ -208,7 +216,19 @@ def cases(size: str = "native", *, only=None) -> list[dict]:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     out = []
     for variant in variants:
-        out += native_cases(variant) + property_cases(variant)
+        regular = native_cases(variant)
+        out += regular + property_cases(variant, grid=regular)
+    return out
+
+
+def specialisations(cases_: list[dict]) -> set:
+    """The Triton specialisations the cases compile, roughly: (variant, K, V, dtype, chunk, sub-chunk)
+    — the chunk-size property compiles every chunk option. (Flags such as an initial state add a few
+    small variants of some kernels.)"""
+    out = set()
+    for c in cases_:
+        opts = chunk_options(c["variant"]) if c.get("check") == "chunk_size" else [(c["chunk_size"], c["sub_chunk_size"])]
+        out |= {(c["variant"], c["K"], c["V"], c["dtype"], C, sub) for C, sub in opts}
     return out
 
 
