@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -324,10 +325,17 @@ def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, 
     non-finite outputs, at the chunk and Triton levels for its whole chunk, earlier tokens included
     (see `check_finite`)."""
     d = check_qkv(q, k, v, scale)
-    if "vmap" in func_transforms():
+    active = func_transforms()
+    if "vmap" in active:
         _fail("linattn operations do not support torch.func.vmap at any level (the naive level "
               "writes its outputs in place, the others run hand-written autograd.Functions); "
               "every operation is batched already: stack the inputs along B (or H)")
+    if active:
+        # The Triton level's backward is an autograd.Function (the chunk level refuses by itself):
+        # read which function called, only while a transform runs.
+        caller = sys._getframe(1)
+        if caller.f_globals.get("__name__", "").startswith("linattn.triton"):
+            refuse_func_transforms(f"linattn.triton.{caller.f_code.co_name}")
     if checking_values(q):
         for name, x in (("q", q), ("k", k), ("v", v)):
             check_finite(name, x)

@@ -70,6 +70,9 @@ def test_torch_func_transforms(impl):
     else:
         with pytest.raises(InputError, match=rf"linattn.{impl}.gla does not support torch.func"):
             torch.func.grad(f)(args["q"])
+        level = getattr(linattn, impl)                                 # called directly, too
+        with pytest.raises(InputError, match=rf"linattn.{impl}.gla does not support torch.func"):
+            torch.func.grad(lambda q: level.gla(**dict(args, q=q), **kw)[0].sum())(args["q"])
     one = lambda q: linattn.gla(**dict(args, q=q[None]), impl=impl, **kw)[0][0]  # noqa: E731
     with pytest.raises(InputError, match="vmap"):
         torch.func.vmap(one)(args["q"].expand(3, -1, -1, -1).contiguous())
