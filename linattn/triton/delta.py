@@ -33,7 +33,8 @@ import triton.language as tl
 from .. import outputs
 from ..naive.delta import check_keys
 from ..validate import InputError, check_chunk, check_inputs
-from .common import MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, launch, num_sms
+from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, launch,
+                     num_sms)
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 MAX_HEAD_DIM = 256
@@ -271,7 +272,7 @@ def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
     if GATE == 0:
         qt = qt * scale
     if GATE == 1:   # one decay per token: e^{G_i} ≤ 1 from the chunk's own prefix sum
-        G1 = tl.cumsum(tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32), axis=0)  # [C]
+        G1 = tl.cumsum(gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0)), axis=0)  # [C]
         qt = qt * (tl.exp(G1) * scale)[:, None]
     hn = hs + (bh.to(tl.int64) * NT + n) * K * V
     S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import first_order
-from .common import MIN_TILE, block, contiguous, launch, stage, warps
+from .common import MIN_TILE, block, contiguous, gate_floor, launch, stage, warps
 from .delta import factors_and_states, output_stage, plan, state_block
 from .wy_backward import gate_stage, mm, precise
 
@@ -201,7 +201,7 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
         if GATE == 0:
             qt = qt * scale
         if GATE == 1:   # as the output stage: e^G of a per-head gate from its prefix sum
-            G1 = tl.cumsum(tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32), axis=0)
+            G1 = tl.cumsum(gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0)), axis=0)
             qt = qt * (tl.exp(G1) * scale)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
         dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ

@@ -56,7 +56,7 @@ from triton.runtime.errors import OutOfResources
 from .. import outputs
 from ..validate import InputError, check_chunk, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
-                     launch, num_sms, split_dtype, warps)
+                     gate_floor, launch, num_sms, split_dtype, warps)
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -92,7 +92,7 @@ def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
     cmask = cols < W
     mask = (rows < T)[:, None] & cmask[None, :]
     offs = i_b * T * W + rows[:, None] * W + cols[None, :]
-    x = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)       # [C, BW]
+    x = gate_floor(tl.load(g + offs, mask=mask, other=0.0))       # [C, BW]
     tl.store(b + offs, tl.cumsum(x, axis=0), mask=mask)
 
 @triton.jit
@@ -148,11 +148,11 @@ def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c
     zeros = tl.zeros([HALF], dtype=tl.float32)
     q_t = tl.load(q_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0)        # [BK]
     # raw gates in their own dtype, widened on load: Triton's exp takes float32/float64 only
-    g_t = tl.load(g_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0).to(tl.float32)  # [BK]
+    g_t = gate_floor(tl.load(g_base + s0 * s_k + offs_k, mask=kmask & (s0 < T), other=0.0))  # [BK]
     for t in range(HALF):                       # rows 0 … c/2 − 1: every key s ≤ t in the first half
         nxt = kmask & (s0 + t + 1 < T)
         q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
-        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0).to(tl.float32)
+        g_n = gate_floor(tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0))
         R_lo = tl.where(h[:, None] == t, k_lo, R_lo * tl.exp(g_t)[None, :])
         p = a_row0 + t * s_a + h
         tl.store(p, tl.sum(R_lo * q_t.to(tl.float32)[None, :], axis=1), mask=s0 + t < T)
@@ -161,7 +161,7 @@ def _diag_rows(k_base, q_base, g_base, a_row0, s0, T, s_k, s_a, offs_k, kmask, c
     for t in range(HALF, c):                    # rows c/2 … c − 1: the first half only decays
         nxt = kmask & (t + 1 < c) & (s0 + t + 1 < T)
         q_n = tl.load(q_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0)
-        g_n = tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0).to(tl.float32)
+        g_n = gate_floor(tl.load(g_base + (s0 + t + 1) * s_k + offs_k, mask=nxt, other=0.0))
         e = tl.exp(g_t)[None, :]
         qf = q_t.to(tl.float32)[None, :]
         R_lo = R_lo * e

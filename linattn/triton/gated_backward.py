@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import block, compute_dtype, contiguous, dot, launch, stage, warps
+from .common import block, compute_dtype, contiguous, dot, gate_floor, launch, stage, warps
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
@@ -269,8 +269,8 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 s = c - 1 - u
                 p = (s0 + s) * H * K + offs_k
                 k_s = tl.load(k + base + p, mask=kmask & (s0 + s < T), other=0.0).to(tl.float32)      # [BK]
-                g_n = tl.load(g + base + p + H * K, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T),
-                              other=0.0).to(tl.float32)
+                g_n = gate_floor(tl.load(g + base + p + H * K, mask=kmask & (s + 1 < c) & (s0 + s + 1 < T),
+                              other=0.0))
                 E = tl.where(idx[:, None] == s, 1.0, E * tl.exp(g_n)[None, :])                        # E_s
                 a_s = tl.load(a_base + rows * H * C + i_i * c + s, mask=rmask, other=0.0)              # [c] dA[:, s]
                 dq += a_s[:, None] * k_s[None, :] * E
@@ -282,7 +282,7 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 p = (s0 + t) * H * K + offs_k
                 live = s0 + t < T
                 q_t = tl.load(q + base + p, mask=kmask & live, other=0.0).to(tl.float32)             # [BK]
-                g_t = tl.load(g + base + p, mask=kmask & live, other=0.0).to(tl.float32)             # [BK]
+                g_t = gate_floor(tl.load(g + base + p, mask=kmask & live, other=0.0))             # [BK]
                 F = tl.where(idx[:, None] == t, 1.0, F * tl.exp(g_t)[None, :])                        # F_t
                 a_t = tl.load(a_base + (s0 + t) * H * C + i_i * c + idx, mask=live, other=0.0)        # [c] dA[t, :]
                 dk += a_t[:, None] * q_t[None, :] * F

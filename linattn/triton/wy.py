@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import SPLIT_RANGE, block, dot, interpreting
+from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -161,7 +161,7 @@ def _kda_rows(q, k, g, beta, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.co
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
     qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
-    gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
+    gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
     bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     return kb, qb, bb, tl.cumsum(gb, axis=0), tl.sum(gb, axis=0)
 
@@ -182,8 +182,8 @@ def _diag_walk(Ks, Qs, k, g, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.co
         jj = BS - 1 - c
         tj = n * C + i * BS + jj
         rj = (i * BS + jj) * H
-        gn = tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T) & (jj + 1 < BS),
-                     other=0.0).to(tl.float32)
+        gn = gate_floor(tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T) & (jj + 1 < BS),
+                     other=0.0))
         E = tl.where(r[:, None] == jj, 1.0, E * tl.exp(gn)[None, :])              # [16, BK]
         kj = tl.load(k + rj * K + dk, mask=(dk < K) & (tj < T), other=0.0).to(tl.float32)  # [BK]
         wj = E * kj[None, :]
@@ -335,7 +335,7 @@ def _key_block(k, g, beta, gsum, i: tl.constexpr, n, T, H, K: tl.constexpr, C: t
     bb = tl.load(beta + rows * H, mask=rm, other=0.0).to(tl.float32)
     Gb = tl.zeros((BS,), dtype=tl.float32)
     if GATE == 1:
-        Gb = tl.cumsum(tl.load(g + rows * H, mask=rm, other=0.0).to(tl.float32), axis=0) + gsum
+        Gb = tl.cumsum(gate_floor(tl.load(g + rows * H, mask=rm, other=0.0)), axis=0) + gsum
     return kb, bb, Gb
 
 
@@ -374,7 +374,7 @@ def _factor_kernel(q, k, g, beta, aqk, ai, scale, T, H, K: tl.constexpr, C: tl.c
     Aqk = dot(qt, tl.trans(kt), IEEE)                                             # [C, C]
     gc = tl.zeros((C,), dtype=tl.float32)
     if GATE == 1:
-        gc = tl.load(g + row, mask=tm, other=0.0).to(tl.float32)                  # [C]
+        gc = gate_floor(tl.load(g + row, mask=tm, other=0.0))                  # [C]
         G1 = tl.cumsum(gc, axis=0)
         Aqk = Aqk * tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))            # ≤ 1 where kept
     Aqk = tl.where(jc[:, None] >= jc[None, :], Aqk, 0.0) * scale
@@ -418,7 +418,7 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
     K ⊙ e^{−G}, Q ⊙ e^G (SDT, [16, BK]), β [16] and P for the next block."""
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
-    gb = tl.load(g + at, mask=m, other=0.0).to(tl.float32)
+    gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
     G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
     kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
     qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
@@ -620,7 +620,7 @@ def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C
     kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
     eg = tl.full((C, 1), 1.0, tl.float32)                                         # e^G, no gates
     if GATE == 1:
-        gt = tl.load(g + row, mask=tm, other=0.0).to(tl.float32)                  # [C]
+        gt = gate_floor(tl.load(g + row, mask=tm, other=0.0))                  # [C]
         eg = tl.exp(tl.cumsum(gt, axis=0))[:, None]
         tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]          # e^{G_C − G}
         tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)

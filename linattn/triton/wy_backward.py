@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, interpreting, launch, warps
+from .common import dot, gate_floor, interpreting, launch, warps
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
@@ -113,17 +113,17 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     # g_i: the same tail, never a difference of two long prefix sums), and e^{G_C}
     nxt = ((t + 1) < T) & (jc < C - 1)
     if GATE == 2:
-        gt = tl.load(g + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
-        gsh = tl.load(g + offk + H * K, mask=nxt[:, None] & (dk_[None, :] < K), other=0.0).to(tl.float32)
+        gt = gate_floor(tl.load(g + offk, mask=mk, other=0.0))                 # [C, BK]
+        gsh = gate_floor(tl.load(g + offk + H * K, mask=nxt[:, None] & (dk_[None, :] < K), other=0.0))
         G = tl.cumsum(gt, axis=0)                                                 # [C, BK] ≤ 0
         eG = tl.exp(G)
         tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))
         GC = tl.sum(gt, axis=0)                                                   # [BK]
     elif GATE == 1:
-        g1 = tl.load(g + r0 + row, mask=tm, other=0.0).to(tl.float32)             # [C]
+        g1 = gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))             # [C]
         G1 = tl.cumsum(g1, axis=0)
         eG = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(G1)[:, None]
-        gsh1 = tl.load(g + r0 + row + H, mask=nxt, other=0.0).to(tl.float32)
+        gsh1 = gate_floor(tl.load(g + r0 + row + H, mask=nxt, other=0.0))
         tail = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(tl.cumsum(gsh1, axis=0, reverse=True))[:, None]
         GC = tl.zeros((BK,), dtype=tl.float32) + tl.sum(g1, axis=0)
     else:
@@ -215,8 +215,8 @@ def _columns(q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.con
     for c in range(C):
         j = C - 1 - c
         tj = n * C + j
-        gn = tl.load(g + (j + 1) * H * K + dk_, mask=mkk & (tj + 1 < T) & (j + 1 < C),
-                     other=0.0).to(tl.float32)                                    # [BK] g_{j+1}
+        gn = gate_floor(tl.load(g + (j + 1) * H * K + dk_, mask=mkk & (tj + 1 < T) & (j + 1 < C),
+                     other=0.0))                                    # [BK] g_{j+1}
         E = E * tl.exp(gn)[None, :]
         E = tl.where(jc[:, None] == j, 1.0, E)
         kj = tl.load(k + j * H * K + dk_, mask=mkk & (tj < T), other=0.0).to(tl.float32)  # [BK]
@@ -230,7 +230,7 @@ def _columns(q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.con
     Y = tl.zeros((C, BK), dtype=tl.float32)
     for i in range(C):
         live = n * C + i < T
-        gi = tl.load(g + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)   # [BK] g_i
+        gi = gate_floor(tl.load(g + i * H * K + dk_, mask=mkk & live, other=0.0))   # [BK] g_i
         F = tl.where(jc[:, None] == i, 1.0, F * tl.exp(gi)[None, :])              # F_i, rows j ≤ i
         qi = tl.load(q + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)   # [BK]
         ki = tl.load(k + i * H * K + dk_, mask=mkk & live, other=0.0).to(tl.float32)
