@@ -43,7 +43,7 @@ class SoftmaxAttention(nn.Module):
             qkv, conv_cache = self.conv(qkv, state.conv if state else None)
             # The convolution's output is a transposed view (time has unit stride): SDPA's flash
             # kernel on the CPU needs unit stride in the head dimension, else it falls back to the
-            # math kernel, which materialises B·H·T² scores (2.9 GB at T = 8192). One copy fixes it.
+            # math kernel, which materialises all B·H·T² scores. One copy of qkv fixes it.
             qkv = qkv.contiguous()
         q, k, v = (t.unflatten(-1, (self.n_heads, self.head)).transpose(1, 2)  # [B, H, T, D]
                    for t in qkv.chunk(3, dim=-1))
