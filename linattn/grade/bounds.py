@@ -28,10 +28,24 @@ _launches: list = []  # per active kernel launch: [(start, end, argument name)] 
 
 @contextlib.contextmanager
 def checked():
-    """Check every load/store of kernels launched while the block runs (interpreter only)."""
-    if triton_mode() != "interpreter":
+    """Check every load/store of kernels launched while the block runs (interpreter only).
+    Re-entrant: a check run from inside a graded function finds the methods already wrapped."""
+    if triton_mode() != "interpreter" or _depth[0]:
         yield
         return
+    _depth[0] += 1
+    try:
+        with _wrapped():
+            yield
+    finally:
+        _depth[0] -= 1
+
+
+_depth = [0]
+
+
+@contextlib.contextmanager
+def _wrapped():
     from triton.runtime import interpreter as I
 
     builder, executor = I.interpreter_builder, I.GridExecutor

@@ -6,15 +6,19 @@ from itertools import groupby
 from . import catalog, progress
 
 
-def rows():
+def rows(done=None):
     """(chapter, exercise, passed, unlocks) for every exercise in book order."""
-    done = progress.load()["passed"]
+    done = progress.load()["passed"] if done is None else done
     return [(ex.chapter, ex, ex.name in done, ex.unlocks) for ex in catalog.all_exercises()]
 
 
 def progress_text() -> str:
+    data, problem = progress.status()
     lines = [f"progress in {progress.home()}"]
-    for chapter, group in groupby(rows(), key=lambda r: r[0]):
+    if problem:
+        lines.append(f"⚠️  your progress cannot be read or kept there: {problem}. Set LINATTN_HOME to "
+                     "a writable folder (passes shown below come from what could be read).")
+    for chapter, group in groupby(rows(data["passed"]), key=lambda r: r[0]):
         group = list(group)
         n = sum(r[2] for r in group)
         lines.append(f"chapter {chapter:02d}  {n}/{len(group)} passed")

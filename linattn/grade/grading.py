@@ -1,10 +1,14 @@
 """Grading: run the reader's function on fresh random cases and say precisely what is wrong.
 
-`check` never raises because of the reader's code: an exception, sys.exit(), a time-out, a load
-past the end of a tensor (Triton kernels under the interpreter, see bounds.py), an input changed
-in place, a wrong shape, a NaN or a large error all become a verdict naming the case, the output
+`check` never raises because of the reader's code: an exception (of any kind, whatever its
+message does), sys.exit(), a time-out, a crash of the process, a load past the end of a tensor
+(Triton kernels under the interpreter, see bounds.py), an input changed in place, a wrong shape,
+a NaN, a meta or sparse tensor or a large error all become a verdict naming the case, the output
 or argument, the worst position and the line. Only KeyboardInterrupt (the reader's own stop
 button) goes through.
+
+The reader's function runs in a forked child (isolate.py); this process computes the reference,
+judges the plain data the child sends back, and alone records a pass.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import contextlib
 import inspect
 import os
 import sysconfig
+import threading
+import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -20,7 +26,7 @@ import torch
 
 from .. import outputs, testing
 from ..dispatch import accepted
-from . import bounds, catalog, limits, progress
+from . import bounds, catalog, isolate, limits, progress
 from .exercise import Case, Exercise
 
 _collected: list | None = None  # the CLI collects results here instead of relying on printing
@@ -46,16 +52,30 @@ class Result:
 def check(name, fn, *, seed=None, record=True, quiet=False, time_limit=None) -> Result:
     """Grade `fn` for exercise `name` (see `exercises()`); print the verdict and return a Result.
 
-    time_limit: seconds per case (default $LINATTN_TIME_LIMIT, else limits.DEFAULT_S; 0: none)."""
+    time_limit: seconds per case (default $LINATTN_TIME_LIMIT, else limits.DEFAULT_S; 0 or inf:
+    none). `fn` runs in a forked child process where the platform allows (see isolate.py); the
+    verdict is computed, and progress written, by this process only."""
     ex = name if isinstance(name, Exercise) else catalog.get(name)
     seed = int.from_bytes(os.urandom(3), "little") if seed is None else seed
-    result = _grade(ex, fn, seed, limits.seconds(time_limit))
+    limit = limits.seconds(time_limit)
+    nested = getattr(_state, "depth", 0) > 0
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        result = _grade(ex, fn, seed, limit, quiet)
+    finally:
+        _state.depth -= 1
     if result.passed and record:
-        try:
-            progress.record(ex, fn)
-        except OSError as e:  # a read-only or full LINATTN_HOME: the verdict still stands
-            result.message += (f"\n   (the pass could not be recorded in {progress.home()}: {e}; "
-                               "set LINATTN_HOME to a writable folder)")
+        if nested or progress.read_only or not _recording:
+            result.message += ("\n   (not recorded: " + ("a check run from inside a graded function"
+                                                          if nested or progress.read_only else
+                                                          "this run grades the library's solutions")
+                               + " records nothing)")
+        else:
+            try:
+                progress.record(ex, fn)
+            except Exception as e:  # noqa: BLE001  (a read-only or full LINATTN_HOME: the verdict stands)
+                result.message += (f"\n   (the pass could not be recorded in {progress.home()}: "
+                                   f"{_text(e)}; set LINATTN_HOME to a writable folder)")
     if not quiet:
         print(result.message)
     if _collected is not None:
@@ -63,46 +83,74 @@ def check(name, fn, *, seed=None, record=True, quiet=False, time_limit=None) -> 
     return result
 
 
-def _grade(ex: Exercise, fn, seed: int, limit=None) -> Result:
+_state = threading.local()   # depth: checks running in this thread (a graded function may call check)
+_recording = True            # off while `python -m linattn.grade --solved` grades the references
+
+
+@contextlib.contextmanager
+def not_recording():
+    """Grade without recording passes (a workbook run with the library's solutions)."""
+    global _recording
+    saved, _recording = _recording, False
+    try:
+        yield
+    finally:
+        _recording = saved
+
+
+def _grade(ex: Exercise, fn, seed: int, limit=None, quiet=True) -> Result:
     if not callable(fn):
         return Result(ex.name, False, f"❌ {ex.name}: expected a function, got {type(fn).__name__}", seed)
     worst = 0.0
     cases = ex.cases(seed)
-    for i, case in enumerate(cases, 1):
-        where = f"case {i} of {len(cases)}" + (f" ({case.note})" if case.note else "")
-        try:
-            problem, err = _grade_case(ex, fn, case, limit)
-        except _ReaderError as e:
-            return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}\n   (seed {seed})", seed,
-                          cases=i)
-        if problem:
-            msg = f"❌ {ex.name} — {where}: {problem}"
-            if ex.hint:
-                msg += f"\n   hint: {ex.hint}"
-            return Result(ex.name, False, msg + f"\n   (seed {seed})", seed, err, i)
-        worst = max(worst, err)
+    dev = "cuda" if ex.on_gpu and torch.cuda.is_available() else None
+    inputs = [(_on(case.args, dev), _on(case.kwargs, dev)) for case in cases]
+    runner = (isolate.Child(fn, inputs, _call_reader, _where_frame) if _isolated(dev)
+              else isolate.InProcess(fn, inputs, _call_in_process))
+    try:
+        for i, case in enumerate(cases, 1):
+            where = f"case {i} of {len(cases)}" + (f" ({case.note})" if case.note else "")
+            try:
+                problem, err = _grade_case(ex, case, runner, limit, dev, quiet)
+            except _ReaderError as e:
+                return Result(ex.name, False, f"❌ {ex.name} — {where}: {e}\n   (seed {seed})", seed,
+                              cases=i)
+            except Exception as e:  # noqa: BLE001  (never a traceback instead of a verdict)
+                return Result(ex.name, False, f"❌ {ex.name} — {where}: the grader could not judge "
+                              f"this case ({type(e).__name__}: {_text(e)})\n   (seed {seed})", seed,
+                              cases=i)
+            if problem:
+                msg = f"❌ {ex.name} — {where}: {problem}"
+                if ex.hint:
+                    msg += f"\n   hint: {ex.hint}"
+                return Result(ex.name, False, msg + f"\n   (seed {seed})", seed, err, i)
+            worst = max(worst, err)
+    finally:
+        runner.close()
     msg = (f"✅ {ex.name} passed {len(cases)} cases "
            f"(worst relative error {worst:.1e}) — seed {seed}")
     return Result(ex.name, True, msg, seed, worst, len(cases))
 
 
+def _isolated(dev) -> bool:
+    """Whether the function runs in a forked child: wherever fork exists, except for kernel
+    exercises on a GPU (a forked child cannot use CUDA once this process has)."""
+    return dev is None and isolate.can_fork()
+
+
 class _ReaderError(Exception):
-    """The reader's function raised; the message says where."""
+    """The reader's function raised (or hung, or ended the process); the message says where."""
 
 
-def _grade_case(ex: Exercise, fn, case: Case, limit=None):
-    dev = "cuda" if ex.on_gpu and torch.cuda.is_available() else None
+def _grade_case(ex: Exercise, case: Case, runner, limit, dev, quiet):
     expect = _cpu(_as_tuple(ex.reference(*_on(case.args, dev), **_on(case.kwargs, dev))))
     truth_fn = ex.ground_truth
     truth = _as_tuple(truth_fn(*_to64(case.args), **accepted(truth_fn, testing.to_float64(case.kwargs))))
-    args = _on(case.args, dev)
-    kwargs = _on(case.kwargs, dev)
-    got = _run_reader(fn, args, kwargs, limit)
-    changed = _changed_inputs(ex, fn, case, _cpu(args), _cpu(kwargs))
+    got, args, kwargs = _outcome(runner.next(limit), limit, quiet)
+    changed = _changed_inputs(ex, case, args, kwargs)
     if changed:
         return (f"your function changed its input {changed} in place; the caller's tensors must "
                 "stay as they were (work on a copy, or write into a new output)"), 0.0
-    got = _cpu(_as_tuple(got))
     if len(got) != len(expect):
         return (f"returned {len(got)} value(s), expected {len(expect)}"
                 + (f" ({', '.join(ex.outputs)})" if ex.outputs else "")), 0.0
@@ -118,27 +166,99 @@ def _grade_case(ex: Exercise, fn, case: Case, limit=None):
     return None, worst
 
 
-def _run_reader(fn, args, kwargs, limit):
-    # The patches are set and undone in this thread, around the time limit: a call abandoned
-    # in a worker thread (limits.py) must not leave torch.empty poisoned for the session.
+def _outcome(record, limit, quiet):
+    """(outputs, args after, kwargs after) from a runner's record, or _ReaderError saying what
+    happened instead. The record is plain data (isolate.portable), whichever way it came."""
+    printed = record.get("printed")
+    if printed and isinstance(printed, str) and not quiet:
+        print(printed, end="" if printed.endswith("\n") else "\n")
+    kind = record.get("kind")
+    if kind == "keyboard":
+        raise KeyboardInterrupt  # the reader pressed stop: stop grading too
+    if kind == "timeout":
+        where = record.get("where") if isinstance(record.get("where"), str) else ""
+        raise _ReaderError(f"your function ran past the {limit:g} s limit{where} (an endless loop? "
+                           "a launch grid far too large?); check(..., time_limit=s) or "
+                           "$LINATTN_TIME_LIMIT changes the limit")
+    if kind == "late":
+        raise _ReaderError(f"your function ran past the {limit:g} s limit: it went on for "
+                           f"{record.get('seconds', 0):.1f} s after being told to stop (does it "
+                           "catch BaseException?); check(..., time_limit=s) or $LINATTN_TIME_LIMIT "
+                           "changes the limit")
+    if kind == "raised" and isinstance(record.get("message"), str):
+        raise _ReaderError(record["message"])
+    if kind == "lost":
+        raise _ReaderError(f"your function ended the process grading it ({record.get('status')}) "
+                           "before returning: os._exit, a crash in native code, or running out "
+                           "of memory?")
+    outs, args, kwargs = record.get("outputs"), record.get("args"), record.get("kwargs")
+    if kind != "returned" or not (isinstance(outs, list) and isinstance(args, list)
+                                  and isinstance(kwargs, dict)):
+        raise _ReaderError("the process running your function sent back something unreadable "
+                           "(did it write into the grader's pipe?)")
+    return tuple(outs), args, kwargs
+
+
+def _call_reader(fn, args, kwargs, invoke=None, cuda_ok=False):
+    """Call fn(*args, **kwargs) and describe what happened as plain data (runs in the child, or in
+    this process through _call_in_process). Never raises."""
     try:
         with outputs.poisoned(), _poisoned_empty(), bounds.checked(), warnings.catch_warnings():
             # NaN/inf from the reader's code are judged in the verdict; numpy's warnings about
             # them (the interpreter computes with numpy) would only clutter the notebook
             warnings.simplefilter("ignore", RuntimeWarning)
-            return limits.call(lambda: fn(*args, **kwargs), limit)
+            got = invoke() if invoke else fn(*args, **kwargs)
     except KeyboardInterrupt:
-        raise  # the reader pressed stop: stop grading too
+        return {"kind": "keyboard"}
     except limits.TimeLimitExceeded as e:
-        raise _ReaderError(f"your function did not finish within {limit:g} s (an endless loop? "
-                           f"a launch grid far too large?){_where(e)}; check(..., time_limit=s) "
-                           "or $LINATTN_TIME_LIMIT changes the limit") from None
+        return {"kind": "timeout", "where": _safe(lambda: _where(e), "")}
     except SystemExit as e:
-        raise _ReaderError(f"your function called sys.exit({'' if e.code is None else repr(e.code)})"
-                           f"{_where(e)}: return the result instead (exiting would end the "
-                           "notebook's kernel)") from None
-    except Exception as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
-        raise _ReaderError(_describe_exception(e)) from None
+        code = _safe(lambda: "" if e.code is None else repr(e.code), "…")
+        return {"kind": "raised", "message": f"your function called sys.exit({code}){_safe(lambda: _where(e), '')}"
+                ": return the result instead (exiting would end the notebook's kernel)"}
+    except BaseException as e:  # noqa: BLE001  (any failure of the reader's code is a verdict)
+        return {"kind": "raised", "message": _safe(lambda: _describe_exception(e),
+                                                   f"your function raised {type(e).__name__}")}
+    try:
+        return {"kind": "returned",
+                "outputs": [isolate.portable(o, cuda_ok=cuda_ok) for o in _as_tuple(got)],
+                "args": [isolate.portable(a, cuda_ok=cuda_ok) for a in args],
+                "kwargs": {n: isolate.portable(a, cuda_ok=cuda_ok) for n, a in kwargs.items()}}
+    except BaseException as e:  # noqa: BLE001
+        return {"kind": "raised", "message": "your function returned something that cannot be read "
+                f"back ({type(e).__name__}): return a tensor, or a tuple of tensors / None"}
+
+
+def _call_in_process(fn, args, kwargs, limit):
+    """_call_reader in this process, under limits.call; a call that outlasted the limit (it caught
+    the interrupt) fails however right its answer."""
+    started = time.monotonic()
+    record = _call_reader(fn, args, kwargs, invoke=lambda: limits.call(lambda: fn(*args, **kwargs), limit),
+                          cuda_ok=True)
+    took = time.monotonic() - started
+    if limit is not None and took > limit and record.get("kind") not in ("timeout", "keyboard"):
+        return {"kind": "late", "seconds": took}
+    return record
+
+
+def _safe(make, fallback):
+    try:
+        return make()
+    except Exception:  # noqa: BLE001
+        return fallback
+
+
+def _text(e: BaseException) -> str:
+    """str(e), or a note when its __str__ fails (an exception class of the reader's)."""
+    try:
+        return str(e)
+    except Exception as inner:  # noqa: BLE001
+        return f"(its message cannot be shown: __str__ raised {type(inner).__name__})"
+
+
+def _where_frame(frame) -> str:
+    """' at line N in f: `code`' for the innermost frame of the reader's code at `frame`."""
+    return _located(traceback.extract_stack(frame))
 
 
 @contextlib.contextmanager
@@ -161,26 +281,24 @@ def _poisoned_empty():
         torch.empty, torch.empty_like = real_empty, real_like
 
 
-def _changed_inputs(ex, fn, case, args, kwargs) -> str:
+def _changed_inputs(ex, case, args, kwargs) -> str:
     """The name of the first tensor argument the reader's call modified in place, or ''."""
-    names = _positional_names(ex, fn, len(args))
-    pairs = list(zip(names, args, case.args)) + [(n, kwargs[n], a) for n, a in case.kwargs.items()]
+    names = _positional_names(ex, len(case.args))
+    pairs = list(zip(names, args, case.args)) + [(n, kwargs.get(n), a) for n, a in case.kwargs.items()]
     for name, after, before in pairs:
         if isinstance(before, torch.Tensor) and not _identical(after, before):
             return f"`{name}`"
     return ""
 
 
-def _positional_names(ex, fn, n):
-    for f in (ex.reference, fn):
-        try:
-            params = [p.name for p in inspect.signature(f).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            continue
-        if len(params) >= n:
-            return params[:n]
-    return [f"argument {i + 1}" for i in range(n)]
+def _positional_names(ex, n):
+    # the reference's names, not the reader's function's: this process never touches that object
+    try:
+        params = [p.name for p in inspect.signature(ex.reference).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return params[:n] if len(params) >= n else [f"argument {i + 1}" for i in range(n)]
 
 
 def _identical(after, before) -> bool:
@@ -227,6 +345,8 @@ def _same(got, made, tol) -> bool:
 def _compare(label, got, expect, truth, tol):
     if expect is None:
         return (None, 0.0) if got is None else (f"{label} should be None here", 0.0)
+    if isinstance(got, isolate.Other):
+        return f"{label} should be a tensor of shape {tuple(expect.shape)}, got {got.what}", 0.0
     if not isinstance(got, torch.Tensor):
         return f"{label} should be a tensor of shape {tuple(expect.shape)}, got {type(got).__name__}", 0.0
     if got.shape != expect.shape:
@@ -268,21 +388,30 @@ def _box(bad) -> str:
     return "[" + ", ".join(str(a) if a == b else f"{a}:{b + 1}" for a, b in zip(lo, hi)) + "]"
 
 
-def _describe_exception(e: Exception) -> str:
+def _describe_exception(e: BaseException) -> str:
     if isinstance(e, NotImplementedError):
         return "not written yet — the stub still raises NotImplementedError"
     # Triton's interpreter wraps an error inside a kernel as InterpreterError(repr(error)); the
     # original error, raised at the kernel's line, is its cause.
-    while type(e).__name__ == "InterpreterError" and e.__cause__ is not None:
+    for _ in range(20):  # (a cause chain can loop)
+        if type(e).__name__ != "InterpreterError" or not isinstance(e.__cause__, BaseException):
+            break
         e = e.__cause__
     if isinstance(e, bounds.OutOfBounds):
-        return f"out-of-bounds access: {e}{_where(e)}"
-    return f"your function raised {type(e).__name__}: {e}{_where(e)}"
+        return f"out-of-bounds access: {_text(e)}{_where(e)}"
+    text = _text(e)
+    if "forked subprocess" in text:
+        text += (" (your function runs in a process forked from the notebook's, where CUDA cannot "
+                 "be used: keep it on the device of the tensors it is given)")
+    return f"your function raised {type(e).__name__}: {text}{_where(e)}"
 
 
 def _where(e: BaseException) -> str:
     """' at line N in f: `code`' for the innermost frame of the reader's code in e's traceback."""
-    frames = traceback.extract_tb(e.__traceback__)
+    return _located(traceback.extract_tb(e.__traceback__))
+
+
+def _located(frames) -> str:
     mine = [f for f in frames if _readers(f.filename)]
     if not mine:
         return ""

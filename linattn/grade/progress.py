@@ -10,8 +10,13 @@ Layout of $LINATTN_HOME (default ~/.linattn):
 Two notebooks may pass exercises at the same moment, and a session may be killed mid-write, so
 every change is a read-modify-write under the lock, written to a temporary file and renamed into
 place (a reader sees the old file or the new one, never half of one). A progress.json that is
-damaged anyway (edited by hand, a full disk) is kept aside as progress.json.damaged-<n>, a message
-says so, and the passes are rebuilt from passes.log and mine/*.py: none is lost silently.
+damaged anyway (edited by hand, a full disk, bytes that are not UTF-8, a folder in its place) is
+kept aside as progress.json.damaged-<n>, a message says so, and the passes are rebuilt from
+passes.log (its unreadable lines skipped) and mine/*.py: none is lost silently. A LINATTN_HOME that
+cannot be read at all (a file, no permission) reads as no progress, and `status()` says why.
+
+Only the notebook's process writes: the child process a check runs the reader's function in sets
+`read_only` (isolate.py), so nothing the function does through this module records a pass.
 """
 from __future__ import annotations
 
@@ -37,6 +42,17 @@ except ImportError:  # Windows: the lock falls back to an exclusive-create lock 
 LEVEL_ORDER = ("naive", "chunk", "triton")
 HEADER = "import math\nimport torch\nimport torch.nn.functional as F\n"
 STALE_LOCK_S = 30.0  # fallback lock only: a lock directory older than this was left by a dead process
+read_only = False    # set in a grading child process: only the notebook's process records passes
+
+
+class ReadOnly(PermissionError):
+    """Progress written from the child process a check runs the reader's function in."""
+
+
+def _writable():
+    if read_only:
+        raise ReadOnly("progress is recorded by the notebook's process only, not from inside a "
+                       "graded function")
 
 
 def home() -> Path:
@@ -91,67 +107,105 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _parse(text: str) -> dict | None:
-    """The progress data in `text`, or None when it is not what record() writes."""
+def _parse(raw: bytes) -> tuple[dict | None, str]:
+    """(the progress data in `raw`, '') or (None, what is wrong with it)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "it is not valid UTF-8"
     try:
         data = json.loads(text)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        return None, "it is not valid JSON" if text.strip() else "it is empty"
     if not (isinstance(data, dict) and isinstance(data.get("passed"), dict)
             and all(isinstance(v, dict) for v in data["passed"].values())):
-        return None
-    return data
+        return None, "it is JSON, but not progress data"
+    return data, ""
+
+
+def _read() -> tuple[dict | None, str]:
+    """(progress data, '') from progress.json (or the log when there is none yet), or (None, why
+    progress.json is damaged). OSError when LINATTN_HOME itself cannot be read."""
+    path = _progress_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if not home().exists() or home().is_dir():
+            return {"passed": _from_log()}, ""
+        raise NotADirectoryError(f"LINATTN_HOME ({home()}) is a file, not a folder")
+    except IsADirectoryError:
+        return None, "it is a folder, not a file"
+    except NotADirectoryError:
+        raise NotADirectoryError(f"LINATTN_HOME ({home()}) is a file, not a folder") from None
+    return _parse(raw)
+
+
+def status() -> tuple[dict, str]:
+    """(progress data, '') or (what could be read, why progress cannot be read or kept)."""
+    try:
+        data, why = _read()
+        if data is not None:
+            return data, ""
+        if read_only:
+            return {"passed": _from_log()}, ""
+        with locked():
+            return _read_or_repair(), ""
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            return {"passed": _from_log()}, _reason(e)
+        return {"passed": {}}, _reason(e)
+
+
+def _reason(e: OSError) -> str:
+    text = e.strerror or str(e)
+    return f"{text}: {e.filename}" if e.filename and e.strerror else text
 
 
 def load() -> dict:
     """{"passed": {name: {"at", "title"}}}; a damaged file is set aside and rebuilt (see above)."""
-    path = _progress_path()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {"passed": _from_log()} if (home() / "passes.log").exists() else {"passed": {}}
-    data = _parse(text)
-    if data is not None:
-        return data
-    with locked():
-        return _read_or_repair()
+    return status()[0]
 
 
 def _read_or_repair() -> dict:
     """Under the lock: the progress data, repairing a damaged file first."""
-    path = _progress_path()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {"passed": _from_log()}
-    data = _parse(text)
+    data, why = _read()
     if data is not None:
         return data
+    path = _progress_path()
     n = 1
-    while path.with_name(f"{path.name}.damaged-{n}").exists():
+    while os.path.lexists(path.with_name(f"{path.name}.damaged-{n}")):
         n += 1
     kept = path.with_name(f"{path.name}.damaged-{n}")
     os.replace(path, kept)
     data = {"passed": _from_log()}
     _write_atomic(path, json.dumps(data, indent=1))
     names = ", ".join(sorted(data["passed"])) or "none"
-    print(f"⚠️  linattn: {path} was damaged (not valid progress JSON). It is kept as {kept}; "
-          f"progress was rebuilt from passes.log and mine/*.py — passes recovered: {names}. "
-          "Grading goes on; an exercise not listed here can be passed again.")
+    print(f"⚠️  linattn: {path} was damaged ({why}); kept aside as {kept}. Progress was rebuilt "
+          f"from passes.log and mine/*.py — passes recovered: {names}. Grading goes on; an "
+          "exercise not listed here can be passed again.")
     return data
 
 
 def _from_log() -> dict:
-    """Passes recorded in passes.log and mine/*.py (the unreadable lines of the log skipped)."""
+    """Passes recorded in passes.log and mine/*.py (unreadable lines of the log skipped)."""
     passed = {}
-    with contextlib.suppress(FileNotFoundError):
-        for line in (home() / "passes.log").read_text().splitlines():
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                entry = json.loads(line)
-                passed[entry["name"]] = {"at": entry.get("at", ""), "title": entry.get("title", "")}
-    for src in sorted(home().glob("mine/*.py")):
-        passed.setdefault(src.stem, {"at": datetime.datetime.fromtimestamp(src.stat().st_mtime)
-                                     .isoformat(timespec="seconds"), "title": ""})
+    try:
+        text = (home() / "passes.log").read_bytes().decode("utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        text = ""
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            passed[entry["name"]] = {k: entry.get(k) if isinstance(entry.get(k), str) else ""
+                                     for k in ("at", "title")}
+    with contextlib.suppress(OSError):
+        for src in sorted(home().glob("mine/*.py")):
+            with contextlib.suppress(OSError, ValueError, OverflowError):
+                passed.setdefault(src.stem, {"at": datetime.datetime.fromtimestamp(
+                    src.stat().st_mtime).isoformat(timespec="seconds"), "title": ""})
     return passed
 
 
@@ -160,6 +214,7 @@ def passed(name: str) -> bool:
 
 
 def record(ex: Exercise, fn) -> None:
+    _writable()
     entry = {"at": datetime.datetime.now().isoformat(timespec="seconds"), "title": ex.title}
     src = capture_source(fn) if ex.unlocks else None
     with locked():
@@ -182,21 +237,26 @@ def record(ex: Exercise, fn) -> None:
 
 def reset() -> None:
     """Forget all progress (the saved functions and the log too; damaged copies are kept)."""
+    _writable()
     with locked():
         for p in sorted(home().glob("mine/*.py")) + [_progress_path(), home() / "passes.log"]:
             p.unlink(missing_ok=True)
 
 
 def _solution_name(fn) -> str:
-    return getattr(fn, "__name__", None) or fn.fn.__name__
+    return (_kernel_fn(fn) or fn).__name__
 
+
+# capture_source looks only at plain functions, Triton kernels, modules and constants, by their
+# exact types: the passed object is the reader's, and a class of theirs could run code on any
+# attribute looked up (a check never runs the reader's code in the notebook's process).
 
 def _kernel_fn(obj):
     """The Python function inside a @triton.jit kernel (natively or interpreted), else None."""
-    inner = getattr(obj, "fn", None)
-    if isinstance(inner, types.FunctionType) and type(obj).__module__.startswith("triton"):
-        return inner
-    return None
+    if not str(inspect.getattr_static(type(obj), "__module__", "")).startswith("triton"):
+        return None
+    inner = inspect.getattr_static(obj, "fn", None)
+    return inner if type(inner) is types.FunctionType else None
 
 
 def capture_source(fn) -> str | None:
@@ -209,8 +269,17 @@ def capture_source(fn) -> str | None:
         if any(p.lstrip().startswith("@triton") for p in parts):
             header += "import triton\nimport triton.language as tl\n"
         return header + "\n\n".join(reversed(parts))
-    except (OSError, TypeError, AttributeError):
+    except (OSError, TypeError, AttributeError, IndexError, SyntaxError):
         return None  # defined where no source is kept (a lambda in a REPL, a builtin)
+
+
+def _static(obj, attr):
+    """obj.<attr> as a str (else None), without running code of the reader's classes."""
+    if type(obj) in (types.FunctionType, types.BuiltinFunctionType, type):
+        value = getattr(obj, attr, None)
+    else:
+        value = inspect.getattr_static(obj, attr, None)
+    return value if type(value) is str else None
 
 
 def _names(code) -> set:
@@ -225,6 +294,8 @@ def _names(code) -> set:
 def _collect(fn, parts, seen):
     kernel = _kernel_fn(fn)
     fn = kernel or fn
+    if type(fn) is not types.FunctionType:
+        raise TypeError(f"a {type(fn).__name__} is not a function defined in the notebook")
     if fn.__name__ in seen:
         return
     seen.add(fn.__name__)
@@ -237,18 +308,22 @@ def _collect(fn, parts, seen):
         obj = glb.get(name)
         if obj is None or name in seen:
             continue
-        same_module = getattr(obj, "__module__", None) == fn.__module__
-        if isinstance(obj, types.FunctionType) and same_module:
+        module = _static(obj, "__module__")
+        same_module = module == fn.__module__
+        if type(obj) is types.FunctionType and same_module:
             _collect(obj, parts, seen)
         elif _kernel_fn(obj) is not None and _kernel_fn(obj).__module__ == fn.__module__:
             _collect(obj, parts, seen)
-        elif isinstance(obj, types.ModuleType):
+        elif type(obj) is types.ModuleType:
             seen.add(name)
             parts.append(f"import {obj.__name__} as {name}")
-        elif callable(obj) and getattr(obj, "__module__", None) and not same_module:
+        elif callable(obj) and module and not same_module:
+            qualname = _static(obj, "__qualname__")
+            if qualname is None:
+                continue
             seen.add(name)  # imported from a module: import it again
-            parts.append(f"from {obj.__module__} import {obj.__qualname__} as {name}")
-        elif isinstance(obj, (int, float, str, bool)):
+            parts.append(f"from {module} import {qualname} as {name}")
+        elif type(obj) in (int, float, str, bool):
             seen.add(name)
             # repr(float("inf")) is `inf`, not Python source: spell non-finite floats out
             value = f"float({str(obj)!r})" if isinstance(obj, float) and not math.isfinite(obj) else repr(obj)

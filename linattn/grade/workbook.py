@@ -5,11 +5,13 @@
         raise NotImplementedError  # your code here
 
 `solved(nb)` binds each exercise's function to the library's reference instead (for tests: a
-solved workbook must run clean and pass); `run(nb)` executes a workbook and collects the verdicts.
+solved workbook must run clean and pass); `run(nb)` executes a workbook and collects the verdicts
+(`run(nb, record=False)` records no pass: the CLI's --solved runs that way).
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import linecache
 import os
 from pathlib import Path
@@ -42,8 +44,9 @@ def solved(nb):
     return nb
 
 
-def run(nb, label="workbook"):
-    """Execute the code cells of `nb` in one namespace; return (results, cell errors)."""
+def run(nb, label="workbook", record=True):
+    """Execute the code cells of `nb` in one namespace; return (results, cell errors).
+    record=False: passes are not recorded (a workbook run with the library's solutions)."""
     from . import grading
 
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -51,16 +54,19 @@ def run(nb, label="workbook"):
     grading._collected = results = []
     errors = []
     try:
-        for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or cell.source.lstrip().startswith(("!", "%")):
-                continue
-            filename = f"<{label} cell {i}>"
-            src = cell.source
-            linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-            try:
-                exec(compile(src, filename, "exec"), namespace)
-            except Exception as e:  # noqa: BLE001  (a broken cell is reported, the rest still runs)
-                errors.append(f"cell {i}: {type(e).__name__}: {e}")
+        with contextlib.nullcontext() if record else grading.not_recording():
+            for i, cell in enumerate(nb.cells):
+                if cell.cell_type != "code" or cell.source.lstrip().startswith(("!", "%")):
+                    continue
+                filename = f"<{label} cell {i}>"
+                src = cell.source
+                linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+                try:
+                    exec(compile(src, filename, "exec"), namespace)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:  # noqa: BLE001  (a broken cell, even sys.exit(), is reported; the rest still runs)
+                    errors.append(f"cell {i}: {type(e).__name__}: {grading._text(e)}")
     finally:
         grading._collected = None
     return results, errors
