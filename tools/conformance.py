@@ -3,6 +3,7 @@ at the Triton level against float64 references on the same device, in worker pro
 
     python tools/conformance.py --size native --workers 14 --out DIR [--record] [--only VARIANT ...]
                                 [--max-seconds S] [--timeout S] [--reference naive|chunk|auto]
+                                [--per-variant N]
     python tools/conformance.py --summarize DIR        (the summary again, from DIR/results.jsonl)
     python tools/conformance.py --size native --list   (the cases, one line each, and the coverage)
 
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--out", default="_build/conformance")
     ap.add_argument("--only", nargs="*", choices=list(matrix.VARIANTS), help="these variants only")
+    ap.add_argument("--per-variant", type=int, default=matrix.NATIVE_PER_VARIANT,
+                    help="regular native cases per variant: the covering part (61 ungated, 79 gated) plus random extras "
+                    "on the same specialisations (more extras cost run time, not compilation)")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop handing out cases after S seconds")
     ap.add_argument("--timeout", type=float, default=600.0, help="per case, seconds (the first case of a "
                     "specialisation includes its compilation)")
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
         print(md)
         return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
 
-    cases = matrix.cases(a.size, only=a.only)
+    cases = matrix.cases(a.size, only=a.only, per_variant=a.per_variant)
     if a.list:
         for c in cases:
             print(f"{c['id']:28s} {runner.describe(c)}{' fla' if c['fla'] else ''}")

@@ -65,15 +65,11 @@ def delta_family(variant: str) -> bool:
 
 def chunk_options(variant: str) -> list[tuple[int, int | None]]:
     """Every (chunk_size, sub_chunk_size) the Triton level accepts for `variant`, read from its
-    constants: powers of two from the smallest to MAX_CHUNK; GLA with per-dimension gates also
+    supported range (linattn.support); GLA with per-dimension gates also
     every sub-chunk size (a power of two ≥ 16 dividing the chunk). sub_chunk_size None: the
     function takes none (linear attention, the delta rules) or ignores it (per-head gates)."""
-    from ..triton import delta, gated as tgated, wy
-    if delta_family(variant):
-        lo, hi = wy.SUB, delta.MAX_CHUNK
-    else:
-        lo, hi = 16, tgated.MAX_CHUNK            # gla / linear_attn: check_chunk(minimum=16)
-    sizes = [1 << e for e in range(lo.bit_length() - 1, hi.bit_length()) if lo <= 1 << e <= hi]
+    from .. import support
+    sizes = list(support.triton_chunk_sizes(VARIANTS[variant][0]))
     if variant == "gla":
         return [(C, c) for C in sizes for c in sizes if c <= C]
     return [(C, None) for C in sizes]
@@ -207,8 +203,10 @@ def cpu_cases(variants=None) -> list[dict]:
     return out
 
 
-def cases(size: str = "native", *, only=None) -> list[dict]:
-    """Every case of the matrix of `size` ('native' or 'cpu'), optionally for some variants only."""
+def cases(size: str = "native", *, only=None, per_variant: int = NATIVE_PER_VARIANT) -> list[dict]:
+    """Every case of the matrix of `size` ('native' or 'cpu'), optionally for some variants only.
+    per_variant: regular native cases per variant; below the covering part's size (61 ungated, 79 gated) no
+    random extras are added, nothing of the covering part is dropped."""
     variants = [v for v in VARIANTS if not only or v in only]
     if size == "cpu":
         return cpu_cases(variants)
@@ -216,7 +214,7 @@ def cases(size: str = "native", *, only=None) -> list[dict]:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     out = []
     for variant in variants:
-        regular = native_cases(variant)
+        regular = native_cases(variant, per_variant)
         out += regular + property_cases(variant, grid=regular)
     return out
 
