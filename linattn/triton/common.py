@@ -21,6 +21,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import decay, device  # noqa: F401  (device sets TRITON_INTERPRET=1 without CUDA, before any @triton.jit)
+from ..support import TRITON_DTYPES
 from ..validate import InputError
 
 
@@ -37,7 +38,7 @@ def _check_import_order() -> None:
 
 
 _check_import_order()
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_DTYPES = TRITON_DTYPES
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 

@@ -18,7 +18,7 @@ Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): a factor kerne
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
-Chunks of 16, 32 or 64 tokens (`MAX_CHUNK`).
+Chunks of 16, 32 or 64 tokens (`linattn.support`).
 The backward (an autograd.Function, used only when some input requires grad) is
 linattn/triton/delta_backward.py.
 """
@@ -32,12 +32,12 @@ import triton.language as tl
 
 from .. import outputs
 from ..naive.delta import check_keys
-from ..validate import InputError, check_chunk, check_inputs
+from ..support import check_triton
+from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, launch,
                      num_sms)
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
-MAX_HEAD_DIM = 256
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
@@ -64,11 +64,6 @@ def state_block(V, BH, sms=None):
     return min(block(V), MIN_TILE)
 
 
-# The largest chunk the delta-rule kernels take (FLA's fixed chunk is 64 too). Natively on an H200
-# DeltaNet at C = 128 in float32 and KDA at C = 256 in bf16, K = V = 128, do not finish compiling
-# within minutes: [C, C] and [C, K] tiles of that size unroll into far more code than the register
-# file holds.
-MAX_CHUNK = 64
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -78,7 +73,7 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
     Differentiable (linattn/triton/delta_backward.py); recompute=False keeps the forward's chunk
     factors and states for the backward instead of recomputing them (more memory, less work)."""
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
-    check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
+    check_triton("delta_rule", q, d.K, d.V, chunk_size)
     check_keys(k, beta)
     return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute)
 
@@ -90,7 +85,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     Differentiable; `recompute` as in `delta_rule`."""
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
-    check_chunk(chunk_size, power_of_two=True, minimum=SUB, maximum=MAX_CHUNK)
+    check_triton("kda", q, d.K, d.V, chunk_size)
     check_keys(k, beta)
     return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute)
 
@@ -127,10 +122,6 @@ class Plan:
 
 def plan(q, g, d, C) -> Plan:
     check_kernel_inputs(q)
-    for name, n in (("q", d.K), ("v", d.V)):
-        if n > MAX_HEAD_DIM:
-            raise InputError(f"{name} has head dimension {n}; linattn.triton.delta supports up to "
-                             f"{MAX_HEAD_DIM} (one tile holds a whole key row and the state block)")
     cdt = compute_dtype(q.dtype)
     ieee = cdt == tl.float32
     return Plan(d.B, d.T, d.H, d.K, d.V, C, triton.cdiv(d.T, C),

@@ -54,7 +54,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import outputs
-from ..validate import InputError, check_chunk, check_inputs
+from ..support import check_triton
+from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
                      gate_floor, launch, num_sms, split_dtype, warps)
 
@@ -72,10 +73,6 @@ FUSED_STAGES = 2
 INTRA_STAGES = 2
 # Width of the state passes' K and V blocks (`state_config` narrows one of them where that pays).
 STATE_BLOCK = 64
-# The largest chunk these kernels take: a state step holds a chunk's k, v (and float32 gates) tiles
-# at once, 128 KB at C = 256 in bf16 (one pipeline stage, see common.launch); C = 512 would not fit
-# an H200's 227 KB of shared memory. (The delta rules have their own, smaller limit: delta.py.)
-MAX_CHUNK = 256
 # Rows of a chunk one output step handles at once: chunks larger than this go in row blocks, so no
 # [C, C] tile is bigger than 64×64 (C = 256 in float32 would not fit an SM's registers).
 ROW_BLOCK = 64
@@ -620,6 +617,6 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     from .gated_backward import run        # imports this module: deferred to the call
 
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
-    check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
+    check_triton("gla", q, d.K, d.V, chunk_size, sub_chunk_size)
     return run(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
                chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, recompute=recompute)

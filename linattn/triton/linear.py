@@ -6,8 +6,8 @@ Per chunk of C tokens with S the state before it (chapter 09 builds this kernel 
 """
 from __future__ import annotations
 
-from ..validate import check_chunk, check_inputs
-from .gated import MAX_CHUNK
+from ..support import check_triton
+from ..validate import check_inputs
 from .gated_backward import run
 
 
@@ -15,6 +15,6 @@ def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=F
                 mode="auto", recompute=True):
     """Differentiable: the Triton backward of gated_backward.py with no gate (`recompute` as in gla)."""
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
-    check_chunk(chunk_size, power_of_two=True, minimum=16, maximum=MAX_CHUNK)
+    check_triton("linear_attn", q, d.K, d.V, chunk_size)
     return run(q, k, v, None, d, initial_state=initial_state, output_final_state=output_final_state,
                chunk_size=chunk_size, sub_chunk_size=chunk_size, mode=mode, recompute=recompute)

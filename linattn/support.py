@@ -1,0 +1,62 @@
+"""The supported range, in one place: what each level takes, and so what its tests must cover.
+
+Inside the range every level computes correctly; outside it a function raises `InputError` naming
+the argument before any kernel launches. For the Triton level "correctly" is a claim about compiled
+kernels, so it is checked natively: the conformance suite (`linattn.conformance`,
+`tools/conformance.py`) generates its matrix from the constants below, and the offline compile
+(`tools/arch_check.py`, tests/test_architectures.py) covers every architecture in ARCHITECTURES.
+
+| what | naive, chunk | triton |
+|---|---|---|
+| dtypes | float16, bfloat16, float32, float64 | float16, bfloat16, float32 |
+| head dims K, V | any ≥ 1 | 1 … 256 |
+| chunk_size (GLA, linear attention) | any ≥ 1 (chunk) | a power of two, 16 … 256 |
+| chunk_size (DeltaNet, Gated DeltaNet, KDA) | any ≥ 1 (chunk) | 16, 32 or 64 |
+| sub_chunk_size (GLA) | a power of two dividing chunk_size | the same, ≥ 16 |
+| GPUs | — | compute capability 7.5, 8.0, 8.6, 8.9, 9.0 |
+"""
+from __future__ import annotations
+
+import torch
+
+from .validate import InputError, check_chunk
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256           # one tile holds a whole key row (K) beside a state block (V)
+MIN_TRITON_CHUNK = 16        # tl.dot needs every tile side ≥ 16
+MAX_TRITON_CHUNK = {"linear_attn": 256, "gla": 256, "delta_rule": 64, "kda": 64}
+# GLA and linear attention: a state step holds a chunk's k, v (and float32 gates) tiles at once,
+# 128 KB at C = 256 in bf16 (one pipeline stage, see triton/common.launch); C = 512 would not fit an
+# H200's 227 KB of shared memory. The delta rules: above 64 their [C, C] and [C, K] tiles unroll
+# into far more code than the register file holds (on an H200 DeltaNet at C = 128 in float32 and
+# KDA at C = 256 in bf16 did not finish compiling within minutes).
+ARCHITECTURES = {           # compute capability → the GPUs readers have with it
+    (7, 5): "T4 (Colab)",
+    (8, 0): "A100 (Colab)",
+    (8, 6): "RTX 30xx, A10",
+    (8, 9): "L4 (Colab), RTX 40xx",
+    (9, 0): "H100, H200",
+}
+
+
+def triton_chunk_sizes(op: str) -> tuple[int, ...]:
+    """Every chunk_size the Triton level takes for op (powers of two)."""
+    sizes, c = [], MIN_TRITON_CHUNK
+    while c <= MAX_TRITON_CHUNK[op]:
+        sizes.append(c)
+        c *= 2
+    return tuple(sizes)
+
+
+def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk_size=None) -> None:
+    """Refuse, before any launch, what linattn.triton does not support (the table above)."""
+    check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=MIN_TRITON_CHUNK,
+                maximum=MAX_TRITON_CHUNK[op])
+    for name, n in (("q", K), ("v", V)):
+        if n > MAX_HEAD_DIM:
+            raise InputError(f"{name} has head dimension {n}; linattn.triton supports head dimensions up "
+                             f"to {MAX_HEAD_DIM} (one tile holds a whole key row beside a state block); "
+                             "use linattn.chunk for larger ones")
+    if q.dtype not in TRITON_DTYPES:
+        raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or float32 "
+                         "(use linattn.chunk or linattn.naive for float64)")

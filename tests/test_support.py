@@ -1,0 +1,46 @@
+"""The supported range (linattn.support): inside it the Triton level runs, outside it every op refuses
+by name before any kernel launches (here under the interpreter, so a launch would be slow, not wrong:
+the refusals must come from the check)."""
+import pytest
+import torch
+
+from linattn import support, testing
+from linattn.validate import InputError
+import linattn.triton as tri
+
+OPS = {"linear_attn": ("linear_attn", None), "gla": ("gla", "per_dim"), "delta_rule": ("delta_rule", None),
+       "kda": ("kda", "per_head")}
+
+
+def args(op, K=16, V=16, T=4, dtype=torch.float32):
+    name, gate = OPS[op]
+    return name, testing.make_inputs(name, B=1, T=T, H=1, K=K, V=V, dtype=dtype, gate=gate or "per_dim")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("K, V, name", [(support.MAX_HEAD_DIM + 1, 16, "q"), (16, support.MAX_HEAD_DIM + 8, "v")])
+def test_head_dims_past_the_range_are_refused(op, K, V, name):
+    fn, a = args(op, K, V)
+    with pytest.raises(InputError, match=f"^{name} has head dimension"):
+        getattr(tri, fn)(**a)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_float64_is_refused(op):
+    fn, a = args(op, dtype=torch.float64)
+    with pytest.raises(InputError, match="^q has dtype torch.float64"):
+        getattr(tri, fn)(**a)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sizes_are_exactly_the_supported_ones(op):
+    fn, a = args(op)
+    sizes = support.triton_chunk_sizes(OPS[op][0])
+    assert sizes[0] == support.MIN_TRITON_CHUNK and sizes[-1] == support.MAX_TRITON_CHUNK[OPS[op][0]]
+    kw = {"sub_chunk_size": 16} if op == "gla" else {}
+    for C in (sizes[0], sizes[-1]):
+        o, _ = getattr(tri, fn)(**a, chunk_size=C, **kw)
+        assert o.shape == a["v"].shape
+    for C in (sizes[0] // 2, sizes[-1] * 2, 48):
+        with pytest.raises(InputError, match="^chunk_size"):
+            getattr(tri, fn)(**a, chunk_size=C, **kw)
