@@ -86,6 +86,19 @@ def test_summary_budget_and_exit_status(run, capsys):
     spec.loader.exec_module(tool)
     assert tool.main(["--summarize", str(out)]) == 1                            # crashes fail the run
     assert json.loads((out / "summary.json").read_text())["counts"]["crash"] == 2
+    # the recorded budget, as book/data keeps runs: no clock time, nothing that reads as a commit
+    s["budget"]["kda"]["float32"]["_fla"] = {"refused": 1, "crashed": 0, "msg": "failed at 7f81ff8005e0, 12:00 UTC"}
+    tool.record(out / "budget.json", tool.environment([]), s, size="cpu")
+    data = json.loads((out / "budget.json").read_text())
+
+    def strings(x):
+        if isinstance(x, str):
+            yield x
+        for y in (x.items() if isinstance(x, dict) else x if isinstance(x, list) else ()):
+            yield from strings(list(y) if isinstance(y, tuple) else y)
+    import re
+    assert not [t for t in strings(data) if re.search(r"\b[0-9a-f]{7,40}\b|UTC", t)]
+    assert data["budget"]["kda"]["float32"]["dg"]["ours"] > 0 and data["env"]["date"]
 
 
 # ---------------------------------------------------------------- guard regions
