@@ -3,9 +3,9 @@ the summary and the error budget.
 
 An illegal memory access on a GPU kills the process's CUDA context, and every later case in that
 process would fail with it. So each case runs in a worker process (spawned: a fresh interpreter that
-imports torch and linattn once, then runs many cases); a worker that dies, reports a CUDA error or
-overruns the per-case time limit is replaced, its case recorded as 'crash' or 'timeout' with its
-parameters, and the run goes on. Rows are appended to results.jsonl as cases finish, so a run cut
+imports torch and linattn once, then runs many cases, talking to the runner over its own pipe); a
+worker that dies, reports a CUDA error or overruns the per-case time limit is replaced, its case
+recorded as 'crash' or 'timeout' with its parameters, and the run goes on. Rows are appended to results.jsonl as cases finish, so a run cut
 short (by --max-seconds, or a SIGTERM from an outer `timeout`) keeps what it did; the summary is
 written at the end (`summarize` rebuilds it from the JSONL alone).
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing as mp
+import multiprocessing.connection  # noqa: F401  (mp.connection.wait)
 import os
-import queue
 import signal
 import time
 from collections import OrderedDict, defaultdict
@@ -52,7 +52,12 @@ def _cost(cases: list[dict]) -> float:
 
 # ---------------------------------------------------------------- worker
 
-def _worker(wid: int, tasks, results, opts: dict):
+def _worker(wid: int, conn, opts: dict):
+    """One worker process: cases arrive on `conn`, messages (kind, case id, payload) go back on it.
+    A pipe per worker, not one shared queue: a worker killed while writing can break only its own."""
+    # an outer `timeout` signals the whole process group: the runner alone decides when workers end
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     if torch.cuda.is_available():
         idx = wid % torch.cuda.device_count()
@@ -63,39 +68,37 @@ def _worker(wid: int, tasks, results, opts: dict):
     from . import case as C
 
     def send(*msg):
-        results.put(msg)
+        conn.send(msg)                                                  # synchronous: no feeder thread
 
-    def die(code):
-        results.close()
-        results.join_thread()                                          # flush before exiting
-        os._exit(code)
-
-    send("ready", wid, None, device)
+    send("ready", None, device)
     while True:
-        c = tasks.get()
+        try:
+            c = conn.recv()
+        except EOFError:                                                # the runner is gone
+            break
         if c is None:
             break
-        send("start", wid, c["id"], None)
+        send("start", c["id"], None)
         check = c.get("check")
         if check == "selftest_exit":
             os._exit(7)                                                 # no message: like a segfault
         if check == "selftest_hang":
             time.sleep(3600)
         if check == "selftest_exit_in_fla":
-            send("ours", wid, c["id"], dict(c, status="pass", err={}, tol={}, failed=[], seconds=0.0))
-            die(9)
+            send("ours", c["id"], dict(c, status="pass", err={}, tol={}, failed=[], seconds=0.0))
+            os._exit(9)
         try:
             if check == "selftest_cuda":
                 raise C.CudaError("CUDA error: an illegal memory access was encountered (self-test)")
             row = C.run(c, device, reference_mode=opts.get("reference", "naive"),
-                        fla_hook=lambda r: send("ours", wid, c["id"], r))
+                        fla_hook=lambda r: send("ours", c["id"], r))
         except C.CudaError as exc:
-            send("crash", wid, c["id"], str(exc))
-            die(3)
-        send("done", wid, c["id"], row)
+            send("crash", c["id"], str(exc))
+            os._exit(3)                                                 # this CUDA context is lost
+        send("done", c["id"], row)
         if device != "cpu":
             torch.cuda.empty_cache()            # 14 workers' cached blocks would crowd one GPU out
-    die(0)
+    os._exit(0)
 
 
 # ---------------------------------------------------------------- parent
@@ -115,6 +118,7 @@ class Runner:
         self.log = log
         self.rows = {}
         self.pending = {}                                                 # id → our row before FLA ran
+        self.cut, self.not_run, self.devices = None, [], set()
 
     # bookkeeping
     def _write(self, row):
@@ -131,13 +135,16 @@ class Runner:
             mine["fla_result"] = {"status": "crashed" if status == "crash" else status, "msg": msg}
             self._write(mine)
         else:
-            self._write(dict(c, status=status, failed=[msg], seconds=round(time.time() - self.started.get(c["id"], self.t0), 3)))
+            self._write(dict(c, status=status, failed=[msg],
+                             seconds=round(time.time() - self.started.get(c["id"], self.t0), 3)))
 
     def _spawn(self, wid):
-        tasks = self.ctx.Queue()
-        p = self.ctx.Process(target=_worker, args=(wid, tasks, self.results, self.opts), daemon=True)
+        mine, theirs = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(wid, theirs, self.opts), daemon=True)
         p.start()
-        return {"proc": p, "tasks": tasks, "case": None, "group": None, "wid": wid, "ready": False}
+        theirs.close()                                                  # EOF on `mine` once it exits
+        return {"proc": p, "conn": mine, "case": None, "group": None, "wid": wid, "ready": False,
+                "dying": False, "eof": False}
 
     def _next_case(self, w):
         g = w["group"]
@@ -154,6 +161,31 @@ class Runner:
             return self.groups[best].pop(0)
         return None
 
+    def _receive(self, w):
+        """Handle every message waiting on w's pipe; marks w['eof'] once the worker has exited."""
+        while not w["eof"]:
+            try:
+                if not w["conn"].poll():
+                    return
+                kind, cid, payload = w["conn"].recv()
+            except (EOFError, OSError):
+                w["eof"] = True
+                return
+            if kind == "ready":
+                w["ready"] = True
+                self.devices.add(payload)
+            elif kind == "start":
+                self.started[cid] = time.time()
+            elif kind == "ours":
+                self.pending[cid] = payload
+            elif kind == "done" and w["case"] is not None:
+                w["case"] = None
+                self.pending.pop(cid, None)
+                self._write(payload)
+            elif kind == "crash" and w["case"] is not None:
+                c, w["case"], w["dying"] = w["case"], None, True           # it exits: no new case
+                self._lost(c, "crash", payload)
+
     def run(self) -> list[dict]:
         self.t0 = time.time()
         if self.out:
@@ -163,9 +195,8 @@ class Runner:
         for c in self.cases:
             grouped[group_key(c)].append(c)
         self.groups = OrderedDict(sorted(grouped.items(), key=lambda kv: -_cost(kv[1])))
-        self.taken, self.started, self.devices, self.startup_failures = set(), {}, set(), 0
+        self.taken, self.started, self.startup_failures = set(), {}, 0
         self.ctx = mp.get_context("spawn")
-        self.results = self.ctx.Queue()
         stop = {"why": None}
         old = signal.signal(signal.SIGTERM, lambda *a: stop.__setitem__("why", "SIGTERM"))
         workers = {i: self._spawn(i) for i in range(self.n_workers)}
@@ -175,59 +206,49 @@ class Runner:
         try:
             while True:
                 for w in workers.values():                              # keep every worker busy
-                    if w["case"] is None and w["ready"] and not w.get("dying") and w["proc"].is_alive():
+                    if w["case"] is None and w["ready"] and not w["dying"] and not w["eof"]:
                         c = self._next_case(w)
                         if c is not None:
                             w["case"] = c
                             self.started[c["id"]] = time.time()
-                            w["tasks"].put(c)
-                if all(w["case"] is None for w in workers.values()) and (
-                        not any(self.groups.values()) or not workers):
+                            try:
+                                w["conn"].send(c)
+                            except (BrokenPipeError, OSError):
+                                w["eof"] = True                         # handled as a death below
+                if not workers or (all(w["case"] is None for w in workers.values())
+                                   and not any(self.groups.values())):
                     break
-                try:
-                    kind, wid, cid, payload = self.results.get(timeout=0.5)
-                except queue.Empty:
-                    kind = None
-                if kind == "ready" and wid in workers:
-                    workers[wid]["ready"] = True
-                    self.devices.add(payload)
-                elif kind == "start":
-                    self.started[cid] = time.time()
-                elif kind == "ours":
-                    self.pending[cid] = payload
-                elif kind == "done":
-                    self.pending.pop(cid, None)
-                    workers[wid]["case"] = None
-                    self._write(payload)
-                elif kind == "crash":
-                    c = workers[wid]["case"]
-                    workers[wid]["case"], workers[wid]["dying"] = None, True     # it exits: no new case
-                    self._lost(c, "crash", payload)
+                mp.connection.wait([w["conn"] for w in workers.values() if not w["eof"]], timeout=0.5)
+                for w in workers.values():
+                    self._receive(w)
                 now = time.time()
                 for wid, w in list(workers.items()):
                     c = w["case"]
-                    dead = not w["proc"].is_alive()
+                    dead = w["eof"] or not w["proc"].is_alive()
                     late = c is not None and now - self.started[c["id"]] > c.get("timeout", self.timeout)
-                    if dead or late:
-                        if dead and c is not None:
-                            self._drain(workers)                            # its last words, if any
-                            c = w["case"]
-                        if c is not None:
-                            code = w["proc"].exitcode
-                            msg = (f"timeout after {c.get('timeout', self.timeout):g} s" if late and not dead else
-                                   f"worker died (exit code {code})")
-                            w["case"] = None
-                            self._lost(c, "timeout" if late and not dead else "crash", msg)
-                        w["proc"].kill()
-                        del workers[wid]
-                        if not w["ready"]:
-                            self.startup_failures += 1
-                            if self.startup_failures >= 3:
-                                raise _Stop(f"workers die before they start (exit code {w['proc'].exitcode})")
-                        if any(self.groups.values()):
-                            workers[next_wid] = self._spawn(next_wid)
-                            workers[next_wid]["group"] = w["group"]
-                            next_wid += 1
+                    if not (dead or late):
+                        continue
+                    if dead:
+                        w["proc"].join(5)
+                        self._receive(w)                                # its last words, if any
+                        c = w["case"]
+                    if c is not None:
+                        w["case"] = None
+                        if dead:
+                            self._lost(c, "crash", f"worker died (exit code {w['proc'].exitcode})")
+                        else:
+                            self._lost(c, "timeout", f"timeout after {c.get('timeout', self.timeout):g} s")
+                    w["proc"].kill()
+                    w["conn"].close()
+                    del workers[wid]
+                    if not w["ready"]:
+                        self.startup_failures += 1
+                        if self.startup_failures >= 3:
+                            raise _Stop(f"workers die before they start (exit code {w['proc'].exitcode})")
+                    if any(self.groups.values()):
+                        workers[next_wid] = self._spawn(next_wid)
+                        workers[next_wid]["group"] = w["group"]
+                        next_wid += 1
                 if self.max_seconds is not None and now - self.t0 > self.max_seconds:
                     stop["why"] = f"--max-seconds {self.max_seconds:g}"
                 if stop["why"]:
@@ -245,14 +266,12 @@ class Runner:
                         self._write(dict(c, status="cut", failed=[why]))
                     w["case"] = None
             self.cut = why
-        else:
-            self.cut = None
         finally:
             signal.signal(signal.SIGTERM, old)
             for w in workers.values():
                 try:
-                    w["tasks"].put(None)
-                except Exception:  # noqa: BLE001
+                    w["conn"].send(None)
+                except Exception:  # noqa: BLE001  (already gone)
                     pass
             deadline = time.time() + 5
             for w in workers.values():
@@ -261,30 +280,6 @@ class Runner:
                     w["proc"].kill()
         self.not_run = [c for left in self.groups.values() for c in left]
         return list(self.rows.values())
-
-    def _drain(self, workers):
-        """Take every message already queued (a worker's 'done' or 'crash' may precede its death)."""
-        time.sleep(0.2)
-        while True:
-            try:
-                kind, wid, cid, payload = self.results.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "ours":
-                self.pending[cid] = payload
-            elif kind in ("done", "crash") and wid in workers and workers[wid]["case"] is not None:
-                c = workers[wid]["case"]
-                workers[wid]["case"] = None
-                workers[wid]["dying"] = kind == "crash"
-                if kind == "done":
-                    self.pending.pop(cid, None)
-                    self._write(payload)
-                else:
-                    self._lost(c, "crash", payload)
-            elif kind == "start":
-                self.started[cid] = time.time()
-            elif kind == "ready" and wid in workers:
-                workers[wid]["ready"] = True
 
 
 # ---------------------------------------------------------------- reporting
