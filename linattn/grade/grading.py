@@ -105,8 +105,11 @@ def _grade(ex: Exercise, fn, seed: int, limit=None, quiet=True) -> Result:
     cases = ex.cases(seed)
     dev = "cuda" if ex.on_gpu and torch.cuda.is_available() else None
     inputs = [(_on(case.args, dev), _on(case.kwargs, dev)) for case in cases]
-    runner = (isolate.Child(fn, inputs, _call_reader, _where_frame) if _isolated(dev)
-              else isolate.InProcess(fn, inputs, _call_in_process))
+    runner = None
+    if _isolated(dev):
+        with contextlib.suppress(OSError):  # no process to spare (a limit on processes): in-process
+            runner = isolate.Child(fn, inputs, _call_reader, _where_frame)
+    runner = runner or isolate.InProcess(fn, inputs, _call_in_process)
     try:
         for i, case in enumerate(cases, 1):
             where = f"case {i} of {len(cases)}" + (f" ({case.note})" if case.note else "")

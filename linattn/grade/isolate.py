@@ -319,7 +319,11 @@ class Child:
         """How the child ended, once it has (it closed the pipe): 'exit status 3', 'signal 9'."""
         end = time.monotonic() + GRACE_S
         while time.monotonic() < end:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # SIGCHLD ignored in this process: children reap themselves
+                self.status = 0
+                return "it ended"
             if pid:
                 self.status = status
                 if os.WIFSIGNALED(status):
