@@ -269,6 +269,21 @@ def test_progress_cannot_be_written_from_the_grading_process():
     assert not progress.passed("ch01.parallel")
 
 
+def test_the_notebook_process_never_runs_the_graded_object(home):
+    """An object that computes the right answer but records a pass whenever an attribute it lacks
+    is looked up: only the child calls it; the parent saves its code by static lookups only."""
+    class Sly:
+        def __call__(self, q, k, v, **kw):
+            return naive.linear_attn(q, k, v, **kw)
+
+        def __getattr__(self, name):
+            progress.record(linattn.grade.catalog.get("ch01.parallel"), None)
+            raise AttributeError(name)
+
+    assert grade(Sly()).passed
+    assert progress.passed("ch01.recurrent") and not progress.passed("ch01.parallel")
+
+
 def test_solution_calling_the_library_can_stand_in_for_it(home):
     """A passed function that calls linattn.<op> itself, routed with set_impl(op, "mine"): the
     inner call runs the reference instead of calling the reader's function again without end."""

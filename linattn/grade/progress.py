@@ -296,6 +296,8 @@ def _collect(fn, parts, seen):
     fn = kernel or fn
     if type(fn) is not types.FunctionType:
         raise TypeError(f"a {type(fn).__name__} is not a function defined in the notebook")
+    if type(fn.__dict__.get("__wrapped__", fn)) is not types.FunctionType:
+        raise TypeError("inspect would follow __wrapped__ into an object that is not a function")
     if fn.__name__ in seen:
         return
     seen.add(fn.__name__)
