@@ -174,13 +174,14 @@ def test_against_chunk_level():
 
 
 def test_narrow_blocks(monkeypatch):
-    # several V-blocks (32 wide, MIN_TILE) in the reverse state pass and the per-chunk reductions, several K-blocks in
-    # the gate kernel (their partial sums of dβ and of a per-head dg), all partly masked
-    monkeypatch.setitem(delta_backward.TUNING, "bv_state", 16)
-    monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 16)
+    # several V-blocks in the reverse state pass (64 wide) and the per-chunk reductions (32 wide),
+    # several K-blocks in the gate kernel (their partial sums of dβ and of a per-head dg), all
+    # partly masked: V = 100, K = 40
+    monkeypatch.setitem(delta_backward.TUNING, "bv_state", 64)
+    monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 32)
     monkeypatch.setattr(wy_backward, "BK_GATES", 32)
     for gate in ("per_head", "per_dim"):
-        a = inputs("kda", gate, 1, 20, 1, 40, 40, torch.float32, seed=6)
+        a = inputs("kda", gate, 1, 20, 1, 40, 100, torch.float32, seed=6)
         dO, dS = upstream(a)
         ref, _ = reference("kda", a, dO, dS)
         got, _ = ours("kda", a, dO, dS, chunk_size=16)

@@ -39,11 +39,16 @@ import triton.language as tl
 from .. import outputs
 from ..validate import first_order
 from .common import MIN_TILE, block, contiguous, gate_floor, launch, stage, warps
-from .delta import factors_and_states, output_stage, plan, state_block
+from .delta import factors_and_states, output_stage, plan
 from .wy_backward import gate_stage, mm, precise
 
-# V-blocks of the reverse state pass (None: as the forward's state pass, `delta.state_block`, so a
-# long sequence with few heads still gives every SM a program) and of the per-chunk reductions.
+# V-blocks of the reverse state pass and of the per-chunk reductions. The reverse pass takes 64-wide
+# V-blocks (V ≤ 32: all of V) whatever the number of programs: with the narrower blocks the forward's
+# state pass takes for few heads (`delta.state_block`), it faulted natively with an illegal memory
+# access (H200, Triton 3.6, K = V = 128, B·H = 3, bf16: DeltaNet, Gated DeltaNet and KDA, every
+# length tried up to 64) or returned a wrong initial-state gradient (0.47 relative), while 64-wide
+# blocks were right at every length, batch, head count and dtype tried; the interpreter was right
+# with either.
 # 8 warps: compiled for sm_90 on a CPU (bf16, K = V = 128, C = 64), the spill stack of the reverse
 # pass falls from 0.9–1.5 KB to 0.3 KB and that of the per-chunk kernel from 3.2 KB to 0.6–1.0 KB
 # against 4 warps; not yet timed on a GPU. Launched through `common.launch` (the most pipeline
@@ -54,7 +59,7 @@ from .wy_backward import gate_stage, mm, precise
 # interpreter was right. Every launch here also follows common.MIN_TILE and common.warps (no tile
 # narrower than 32 columns, 8 warps only over tiles at least 64 wide), the rule that narrow tiles
 # came under natively.
-TUNING = dict(bv_state=None, bv_chunk=32, warps_state=8, warps_state_f32=4, warps_chunk=8)
+TUNING = dict(bv_state=64, bv_chunk=32, warps_state=8, warps_state_f32=4, warps_chunk=8)
 
 
 def needs_backward(*xs) -> bool:
@@ -135,7 +140,7 @@ def dstate_stage(q, g, wy, do, dht, p):
     dhs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
-    BV = min(block(V), max(TUNING["bv_state"], MIN_TILE)) if TUNING["bv_state"] else state_block(V, B * H)
+    BV = min(block(V), max(TUNING["bv_state"], MIN_TILE))
     launch(_dstate_kernel, (triton.cdiv(V, BV), B * H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
