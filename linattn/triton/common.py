@@ -117,18 +117,37 @@ def launch(kernel, grid, *args, max_stages: int = 3, **kw):
     to 1) that fit in shared memory. Each extra stage holds another copy of the loop's tiles; at
     C = 256 the state pass's tiles (k, v and float32 gates, 128 KB in bf16) need 257 KB with
     Triton's default of 3 stages, over an H200's 227 KB (seen in chapter 10's chunk sweep). Fewer stages compute the
-    same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes."""
+    same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes.
+
+    The same rule makes a launch fit GPUs with less shared memory per block than the H200 the blocks
+    were tuned on (A100 163 KB, RTX 30/40 and L4 99 KB, T4 64 KB): tools/arch_check.py compiles
+    every launch offline for each and records the stages that fit (book/data/architectures.json).
+    Where even one stage does not fit, an InputError names the GPU instead of Triton's
+    OutOfResources (narrower blocks are not tried: tiles narrower than the tuned ones faulted
+    natively, see MIN_TILE)."""
     key = (kernel, max_stages, tuple(sorted(kw.items())), tuple(getattr(a, "dtype", None) for a in args))
     tried = _STAGES_THAT_FIT.get(key, tuple(range(max_stages, 0, -1)))
     for i, stages in enumerate(tried):
         try:
             compiled = kernel[grid](*args, num_stages=stages, **kw)
-        except OutOfResources:
+        except OutOfResources as e:
             if i == len(tried) - 1:
-                raise
+                raise InputError(does_not_fit(kernel, e)) from e
             continue
         _STAGES_THAT_FIT[key] = (stages,)
         return compiled
+
+
+def does_not_fit(kernel, error) -> str:
+    """The message for a launch that does not fit this GPU even with one pipeline stage."""
+    name = getattr(kernel, "__name__", str(kernel))
+    gpu = "this GPU"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"this GPU ({torch.cuda.get_device_name()}, sm_{major}{minor})"
+    return (f"{name} does not fit {gpu}: {error}. Its tiles grow with the head dims, the chunk size and "
+            "the dtype (float32 tiles are twice as large): use bfloat16/float16 inputs, a smaller "
+            "chunk_size, or linattn.chunk (impl='chunk'). tools/arch_check.py lists what fits each GPU.")
 
 
 # Log-gates below GATE_FLOOR are read as GATE_FLOOR by every kernel that sums them. The kernels take
