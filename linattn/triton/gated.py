@@ -556,7 +556,8 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
     BK, BV = output_blocks(K, V, gate, IEEE, split=split)
     BR = min(C, ROW_BLOCK)
-    last_launch["output"] = _output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
+    last_launch["output"] = launch(              # launch: fewer stages where the GPU has less shared memory
+        _output_kernel, (triton.cdiv(V, BV), NT * (C // BR), B * H),
         q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BV, num_warps=4, **common)
     return o, sT
 
@@ -576,9 +577,10 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     q, k, g = contiguous(q, k, g)
     b = local_cumsum(g, C) if b is None else b
     A = (outputs.empty if skip_split else outputs.scratch)((B, T, H, C), dtype=torch.float32, device=q.device)
-    last_launch["intra"] = _intra_kernel[(C // c, triton.cdiv(T, C), B * H)](
+    last_launch["intra"] = launch(
+        _intra_kernel, (C // c, triton.cdiv(T, C), B * H),
         q, k, g, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
-        SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, num_stages=INTRA_STAGES)
+        SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, max_stages=INTRA_STAGES)
     return A
 
 

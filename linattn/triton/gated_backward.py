@@ -591,9 +591,9 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
-    gated._output_kernel[(triton.cdiv(V, BV), NT * (C // BR), B * H)](
-        q, k, v, q if b is None else b, A if A is not None else q, h, o, T, H, K, V, NT, d.scale, C=C, BR=BR, BK=BK,
-        BV=BV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+    launch(gated._output_kernel, (triton.cdiv(V, BV), NT * (C // BR), B * H),
+           q, k, v, q if b is None else b, A if A is not None else q, h, o, T, H, K, V, NT, d.scale, C=C, BR=BR,
+           BK=BK, BV=BV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
     gated.ran["mode"] = "states (kept for the backward)"
     return o, sT, h, A, b
 
