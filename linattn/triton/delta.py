@@ -157,7 +157,8 @@ def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype, g=None):
         raise InputError("g: output_stage of Gated DeltaNet needs the per-head log-gates")
     o = outputs.empty((p.B, p.T, p.H, p.V), dtype=out_dtype, device=p.device)
     BV = min(block(p.V), max(TUNING["bv_out"], MIN_TILE))
-    _output_kernel[(triton.cdiv(p.V, BV), p.NT, p.B * p.H)](
+    launch(                                 # launch: fewer stages where the GPU has less shared memory
+        _output_kernel, (triton.cdiv(p.V, BV), p.NT, p.B * p.H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
         H=p.H, K=p.K, V=p.V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         num_warps=TUNING["warps_out"])

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting
+from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting, launch
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -85,15 +85,16 @@ def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
         exact = outputs.empty((p.B * p.H * p.NT,), dtype=torch.int32, device=p.device)
         args = (q, k, g, beta, aqk, ai, s["w"], s["qg"], s["kd"], s["dl"], exact, p.scale, p.T,
                 p.NT, p.H)
-        _kda_split_kernel[(p.NT, p.B * p.H)](
-            *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
+        # launch: fewer pipeline stages where the GPU has less shared memory (common.launch)
+        launch(
+            _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
             IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"])
-        _kda_exact_kernel[(p.NT, p.B * p.H)](
-            *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
+        launch(
+            _kda_exact_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
             num_warps=TUNING["warps_exact"])
         return dict(s, aqk=aqk, ai=ai, exact=exact.view(p.B, p.H, p.NT))
-    _factor_kernel[(p.NT, p.B * p.H)](
-        q, k, g if p.gate else q, beta, aqk, ai, p.scale, p.T, p.H,
+    launch(
+        _factor_kernel, (p.NT, p.B * p.H), q, k, g if p.gate else q, beta, aqk, ai, p.scale, p.T, p.H,
         K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
         num_warps=TUNING["warps_factor"])
     return dict(aqk=aqk, ai=ai)
@@ -118,8 +119,8 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     u = outputs.empty((p.B, p.T, p.H, p.V), dtype=p.work, device=p.device)
     s = {} if p.gate == 2 else _key_outputs(k, p)
     w, kd, dl = s.get("w", u), s.get("kd", u), s.get("dl")   # u: placeholders never written
-    _wu_kernel[(p.NT, p.B * p.H, 1 if p.gate == 2 else 2)](
-        k, v, g if p.gate == 1 else k, beta, ai, w, u, kd, u if dl is None else dl, p.T, p.NT, p.H,
+    launch(
+        _wu_kernel, (p.NT, p.B * p.H, 1 if p.gate == 2 else 2), k, v, g if p.gate == 1 else k, beta, ai, w, u, kd, u if dl is None else dl, p.T, p.NT, p.H,
         K=p.K, V=p.V, C=p.C, BK=p.BK, BV=min(block(p.V), 64), GATE=p.gate, DT=p.cdt,
         IEEE=p.ieee, U_ONLY=p.gate == 2, num_warps=TUNING["warps_wu"])
     return dict(s, u=u)
