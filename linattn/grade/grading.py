@@ -128,6 +128,7 @@ def _grade(ex: Exercise, fn, seed: int, limit=None, quiet=True) -> Result:
                     msg += f"\n   hint: {ex.hint}"
                 return Result(ex.name, False, msg + f"\n   (seed {seed})", seed, err, i)
             worst = max(worst, err)
+            runner.ahead()
     finally:
         runner.close()
     msg = (f"✅ {ex.name} passed {len(cases)} cases "

@@ -198,8 +198,9 @@ def _write_all(fd, data: bytes):
         view = view[n:]
 
 
-def _child(fn, inputs, call, where, fd, me):
-    """Body of the forked child: call fn on each case, send one record per case, then stop."""
+def _child(fn, inputs, call, where, fd, go, me):
+    """Body of the forked child: call fn on each case the parent asks for (one byte on `go` per
+    case), send one record per case, then stop."""
     from . import progress
 
     progress.read_only = True  # the parent alone writes progress
@@ -222,6 +223,8 @@ def _child(fn, inputs, call, where, fd, me):
     capture = _Capture()
     sys.stdout = sys.stderr = capture
     for args, kwargs in inputs:
+        if os.read(go, 1) != b"g":
+            return  # the parent has judged enough (or is gone)
         record = call(fn, args, kwargs)
         if os.getpid() != me:
             os._exit(0)  # a process the function forked: it never reports
@@ -243,6 +246,7 @@ class Child:
 
     def __init__(self, fn, inputs, call, where):
         r, w = os.pipe()
+        go_r, go_w = os.pipe()
         with warnings.catch_warnings():  # Python 3.12 warns about forking a threaded process
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
@@ -250,22 +254,36 @@ class Child:
             try:
                 os.setpgid(0, 0)
                 os.close(r)
-                _child(fn, inputs, call, where, w, os.getpid())
+                os.close(go_w)
+                _child(fn, inputs, call, where, w, go_r, os.getpid())
             except BaseException:  # noqa: BLE001
                 pass
             finally:
                 os._exit(0)
         os.close(w)
+        os.close(go_r)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here: the group must exist before the parent may kill it
-        self.pid, self.fd, self.buf, self.status = pid, r, bytearray(), None
+        self.pid, self.fd, self.go, self.buf, self.status = pid, r, go_w, bytearray(), None
+        self.asked = self.taken = 0
+        self.ahead()
+
+    def ahead(self):
+        """Let the child start on the next case while this process computes its reference. Only
+        after the previous case passed: a failed check wastes no work on cases never judged."""
+        if self.asked == self.taken:
+            self.asked += 1
+            with contextlib.suppress(OSError):
+                os.write(self.go, b"g")
 
     def next(self, limit: float | None) -> dict:
         """The next record; {"kind": "timeout"} after `limit` s, {"kind": "lost"} if the child ended."""
+        self.ahead()
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             record = self._take()
             if record is not None:
+                self.taken += 1
                 return record
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
@@ -336,8 +354,9 @@ class Child:
         """Kill the child's process group (the child and anything it started) and reap the child."""
         with contextlib.suppress(OSError):
             os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        for fd in (self.fd, self.go):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if self.status is None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
@@ -348,6 +367,9 @@ class InProcess:
 
     def __init__(self, fn, inputs, call):
         self.fn, self.inputs, self.call, self.i = fn, list(inputs), call, 0
+
+    def ahead(self):
+        pass
 
     def next(self, limit):
         args, kwargs = self.inputs[self.i]
