@@ -374,3 +374,16 @@ def test_cli_solved_records_nothing(tmp_path, home):
     assert cli([str(wb), "--solved"]) == 0
     assert progress.load() == {"passed": {}}
     assert not (home / "passes.log").exists()
+
+
+def test_what_the_function_prints_is_shown_even_when_it_hangs(capfd):
+    def chatty(q, k, v, **kw):
+        print("step 1 done")
+        while True:
+            pass
+
+    r = bounded(lambda: check("ch01.recurrent", chatty, seed=5, record=False, time_limit=0.5),
+                seconds=30)
+    out = capfd.readouterr().out
+    assert "ran past the 0.5 s limit" in r.message
+    assert "step 1 done" in out and out.index("step 1 done") < out.index("ran past")

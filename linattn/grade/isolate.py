@@ -206,13 +206,14 @@ def _child(fn, inputs, call, where, fd, go, me):
     progress.read_only = True  # the parent alone writes progress
     torch.set_num_threads(1)   # see the module docstring: no OpenMP parallel regions after fork
     sending = [False]
+    capture = _Capture()
 
     def on_timeout(signum, frame):
         if sending[0] or os.getpid() != me:
             return
         sending[0] = True
         with contextlib.suppress(BaseException):
-            _write_all(fd, encode({"kind": "where", "where": where(frame)}))
+            _write_all(fd, encode({"kind": "where", "where": where(frame), "printed": capture.take()}))
         os._exit(0)
 
     with contextlib.suppress(ValueError, OSError):
@@ -220,7 +221,6 @@ def _child(fn, inputs, call, where, fd, go, me):
     for sig in ("SIGINT", "SIGTERM"):  # the parent decides; the notebook's handlers do not apply here
         with contextlib.suppress(ValueError, OSError, AttributeError):
             signal.signal(getattr(signal, sig), signal.SIG_DFL)
-    capture = _Capture()
     sys.stdout = sys.stderr = capture
     for args, kwargs in inputs:
         if os.read(go, 1) != b"g":
@@ -318,7 +318,7 @@ class Child:
         return record if isinstance(record, dict) else {"kind": "garbled"}
 
     def _timed_out(self) -> dict:
-        where = ""
+        where, printed = "", ""
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGUSR1)
             end = time.monotonic() + GRACE_S
@@ -327,11 +327,12 @@ class Child:
                 if record is not None:
                     if record.get("kind") == "where":
                         where = record.get("where") if isinstance(record.get("where"), str) else ""
+                        printed = record.get("printed") if isinstance(record.get("printed"), str) else ""
                         break
                     continue
                 if not self._read(end - time.monotonic()):
                     break
-        return {"kind": "timeout", "where": where}
+        return {"kind": "timeout", "where": where, "printed": printed}
 
     def _ended(self) -> str:
         """How the child ended, once it has (it closed the pipe): 'exit status 3', 'signal 9'."""
