@@ -82,9 +82,9 @@ def main(argv=None) -> int:
             print(f"  cell error: {e}")
         total += len(rows)
         passed += sum(ok for _, ok, _ in rows)
-    if a.workbooks:
+    if total:
         print(f"\nscore: {passed}/{total} exercises passed")
-    elif not (a.list or a.progress):
+    elif not (a.workbooks or a.list or a.progress):
         ap.print_help()
     if unreadable:
         return 2
