@@ -323,10 +323,12 @@ def test_progress_json_that_is_not_utf8(home, capsys):
     assert (home / "progress.json.damaged-1").read_bytes().startswith(b'{"passed"')
 
 
-def test_bad_lines_in_passes_log(home, capsys):
+@pytest.mark.parametrize("bad", [b'{"name": 5}', b"\xff\xfe", b"[" * 100000,
+                                 b'[1, 2]\n{"name": ["x"]}'],
+                         ids=["number for a name", "not UTF-8", "nested too deep", "not an entry"])
+def test_bad_lines_in_passes_log(home, capsys, bad):
     home.mkdir()
-    (home / "passes.log").write_bytes(b'{"name": 5}\n[1, 2]\n\xff\xfe\n{"name": ["x"]}\n'
-                                      b'{"name": "ch01.parallel", "at": 3}\n' + b"[" * 100000 + b"\n")
+    (home / "passes.log").write_bytes(bad + b'\n{"name": "ch01.parallel", "at": 3}\n')
     (home / "progress.json").write_text("{")   # damaged: rebuilt from the log
     out = _passes_and_shows(home, capsys)
     assert "passes recovered: ch01.parallel" in out
