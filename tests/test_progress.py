@@ -19,14 +19,15 @@ def pass_two():
     progress.record(catalog.get("ch01.parallel"), naive.linear_attn)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "invalid JSON", "wrong structure", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "invalid JSON", "wrong structure", "empty",
+                                    "nested too deep"])
 def test_damaged_file_is_kept_aside_and_passes_recovered(home, damage, capsys):
     pass_two()
     path = home / "progress.json"
     text = path.read_text()
     path.write_text({"truncated": text[: len(text) // 2], "invalid JSON": "{'passed': oops",
                      "wrong structure": json.dumps({"passed": ["ch01.recurrent"]}),
-                     "empty": ""}[damage])
+                     "empty": "", "nested too deep": "[" * 100000}[damage])
     assert progress.passed("ch01.recurrent") and progress.passed("ch01.parallel")
     out = capsys.readouterr().out
     assert "was damaged" in out and "progress.json.damaged-1" in out
