@@ -236,12 +236,18 @@ def _call_reader(fn, args, kwargs, invoke=None, cuda_ok=False):
 def _call_in_process(fn, args, kwargs, limit):
     """_call_reader in this process, under limits.call; a call that outlasted the limit (it caught
     the interrupt) fails however right its answer."""
-    started = time.monotonic()
-    record = _call_reader(fn, args, kwargs, invoke=lambda: limits.call(lambda: fn(*args, **kwargs), limit),
-                          cuda_ok=True)
-    took = time.monotonic() - started
-    if limit is not None and took > limit and record.get("kind") not in ("timeout", "keyboard"):
-        return {"kind": "late", "seconds": took}
+    took = [0.0]
+
+    def invoke():
+        started = time.monotonic()
+        try:
+            return limits.call(lambda: fn(*args, **kwargs), limit)
+        finally:
+            took[0] = time.monotonic() - started
+
+    record = _call_reader(fn, args, kwargs, invoke=invoke, cuda_ok=True)
+    if limit is not None and took[0] > limit and record.get("kind") not in ("timeout", "keyboard"):
+        return {"kind": "late", "seconds": took[0]}
     return record
 
 
