@@ -328,9 +328,10 @@ class Child:
                     if record.get("kind") == "where":
                         where = record.get("where") if isinstance(record.get("where"), str) else ""
                         printed = record.get("printed") if isinstance(record.get("printed"), str) else ""
+                    if record.get("kind") in ("where", "garbled"):
                         break
-                    continue
-                if not self._read(end - time.monotonic()):
+                    continue  # a case that finished just too late: not what was asked for
+                if not self._read(max(end - time.monotonic(), 0)):
                     break
         return {"kind": "timeout", "where": where, "printed": printed}
 
