@@ -284,6 +284,20 @@ def test_the_notebook_process_never_runs_the_graded_object(home):
     assert progress.passed("ch01.recurrent") and not progress.passed("ch01.parallel")
 
 
+def test_garbage_written_into_the_grader_pipe_is_a_failed_case():
+    """A function that finds the pipe its results go back through and writes into it: the
+    parent reads plain data only, so the case fails; nothing is run, nothing raised."""
+    def forger(q, k, v, **kw):
+        f = sys._getframe()
+        while f is not None and f.f_code.co_name != "_child":
+            f = f.f_back
+        os.write(f.f_locals["fd"], b"\x00" * 8 + b"\xff" * 8 + b"garbage")
+        return naive.linear_attn(q, k, v, **kw)
+
+    r = grade(forger, record=False)
+    assert not r.passed and "sent back something unreadable" in r.message
+
+
 def test_solution_calling_the_library_can_stand_in_for_it(home):
     """A passed function that calls linattn.<op> itself, routed with set_impl(op, "mine"): the
     inner call runs the reference instead of calling the reader's function again without end."""
