@@ -82,6 +82,10 @@ NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 @triton.jit
 def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
     # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
+    # Summed in float64, rounded once: every kernel takes differences b_t − b_s of these sums, whose
+    # error grows with |b| (a chunk of strong gates or a reset puts it in the hundreds); a float32
+    # scan adds a rounding per token on top of the final one (2–2.5× the error, measured under the
+    # interpreter for float32 inputs at C = 256 with resets).
     i_w, i_n, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     idx = tl.arange(0, C)
     rows = i_n * C + idx
@@ -90,7 +94,7 @@ def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
     mask = (rows < T)[:, None] & cmask[None, :]
     offs = i_b * T * W + rows[:, None] * W + cols[None, :]
     x = gate_floor(tl.load(g + offs, mask=mask, other=0.0))       # [C, BW]
-    tl.store(b + offs, tl.cumsum(x, axis=0), mask=mask)
+    tl.store(b + offs, tl.cumsum(x.to(tl.float64), axis=0).to(tl.float32), mask=mask)
 
 @triton.jit
 def _state_step(S, k_base, v_base, gate_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
@@ -407,7 +411,7 @@ def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     B, T = g.shape[:2]
     W = g[0, 0].numel()
     b = outputs.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
-    BW = min(block(W), max(16, 8192 // chunk_size))
+    BW = min(block(W), max(16, 4096 // chunk_size))   # [C, BW] float64: as many registers as 8192 float32
     _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
     return b
 
