@@ -89,20 +89,20 @@ print({n: tuple(g.shape) for n, g in truth.items()})
 # %% [markdown]
 # ## 2. Walking time backwards
 #
-# GLA's step is $S_t = \operatorname{diag}(a_t) S_{t-1} + k_t^\top v_t$ with $a_t = e^{g_t}$, and
+# GLA's step is $S_t = \operatorname{diag}(\alpha_t) S_{t-1} + k_t^\top v_t$ with $\alpha_t = e^{g_t}$, and
 # $o_t = \text{scale}\cdot q_t S_t$. Write $dS$ for the gradient of the loss with respect to
 # $S_t$ — *all* of it: from $o_t$, and through $S_{t+1}, S_{t+2}, \dots$ from every later output.
 # $S_t$ feeds exactly two things, $o_t$ and $S_{t+1}$, so
 #
-# $$dS_t = \text{scale}\cdot q_t^\top do_t + \operatorname{diag}(a_{t+1})\, dS_{t+1},\qquad dS_T
+# $$dS_t = \text{scale}\cdot q_t^\top do_t + \operatorname{diag}(\alpha_{t+1})\, dS_{t+1},\qquad dS_T
 # \text{ starts from the incoming final-state gradient (or } 0).$$
 #
 # That is a recurrence running **backwards in time**, the mirror of the forward, with the same
 # $K\times V$ shape. At step $t$, with $dS = dS_t$, the gradients of the step's inputs are read off
-# $S_t = \operatorname{diag}(a_t) S_{t-1} + k_t^\top v_t$ and $o_t = \text{scale}\cdot q_t S_t$:
+# $S_t = \operatorname{diag}(\alpha_t) S_{t-1} + k_t^\top v_t$ and $o_t = \text{scale}\cdot q_t S_t$:
 #
 # $$dq_t = \text{scale}\cdot do_t\, S_t^\top,\qquad dk_t = v_t\, dS^\top,\qquad dv_t = k_t\, dS,\qquad
-#   dg_t = a_t \odot \textstyle\sum_v \big(S_{t-1} \odot dS\big)_{:,v},$$
+#   dg_t = \alpha_t \odot \textstyle\sum_v \big(S_{t-1} \odot dS\big)_{:,v},$$
 #
 # and after $t = 1$ the carried $dS_0$ is the gradient of the initial state. $dq_t$ and $dg_t$ need
 # the forward's states $S_t$ — we recompute them and keep all $T+1$ (fine for a reference; the
@@ -136,7 +136,7 @@ for name, x in zip(("dq", "dk", "dv", "dg", "dinitial_state"), mine):
 
 # %% [markdown]
 # The library's `linattn.naive.backward` has this walk for all four operations — linear attention
-# ($a_t = 1$), GLA with either gate shape, the delta rule and KDA (section 6) — each equal to
+# ($\alpha_t = 1$), GLA with either gate shape, the delta rule and KDA (section 6) — each equal to
 # autograd to float64 rounding:
 
 # %%
@@ -202,28 +202,31 @@ assert max(e_ours, e_lib) < testing.tolerance(torch.float64) and e_seed > 1.9
 #
 # ## 4. The chunkwise backward
 #
-# Chapter 04's chunk forward, with $\hat Q = \text{scale}\cdot Q$, $b$ the log-gates summed from the
-# chunk start, $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$:
+# Chapter 04's chunk forward, with $b$ the log-gates summed from the chunk start,
+# $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$, and `scale` on the outputs only:
 #
-# $$O = P V + (\hat Q\odot\Lambda) S_{[n-1]},\quad P_{ij} = \textstyle\sum_\kappa \hat q_{i\kappa}k_{j\kappa}e^{b_{i\kappa}-b_{j\kappa}}\ (i\ge j),\quad
+# $$O = \text{scale}\cdot\big(P V + (Q\odot\Lambda) S_{[n-1]}\big),\quad P_{ij} = \textstyle\sum_\kappa q_{i\kappa}k_{j\kappa}e^{b_{i\kappa}-b_{j\kappa}}\ (i\ge j),\quad
 #   S_{[n]} = \operatorname{diag}(\gamma) S_{[n-1]} + (K\odot\Gamma)^\top V .$$
 #
 # Differentiate each line. The state gradient obeys the reverse recurrence of section 2 taken a
 # chunk at a time — the only sequential part, $N = T/C$ steps:
 #
-# $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + (\hat Q\odot\Lambda)^\top dO_{[n]} .$$
+# $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + \text{scale}\cdot(Q\odot\Lambda)^\top dO_{[n]} .$$
 #
 # Given $dS_{[n]}$ (the gradient of the state *after* chunk $n$) every chunk is independent:
 #
-# $$dP = \operatorname{tril}(dO\,V^\top),\qquad dV = P^\top dO + (K\odot\Gamma)\,dS_{[n]},$$
-# $$d\hat q_i = \textstyle\sum_{j\le i} dP_{ij}\, k_j\odot e^{b_i-b_j} + \Lambda_i\odot(dO_i\,S_{[n-1]}^\top),\qquad
-#   dk_j = \textstyle\sum_{i\ge j} dP_{ij}\,\hat q_i\odot e^{b_i-b_j} + \Gamma_j\odot(V_j\,dS_{[n]}^\top),$$
+# $$dP = \text{scale}\cdot\operatorname{tril}(dO\,V^\top),\qquad dV = \text{scale}\cdot P^\top dO + (K\odot\Gamma)\,dS_{[n]},$$
+# $$dq_i = \textstyle\sum_{j\le i} dP_{ij}\, k_j\odot e^{b_i-b_j} + \text{scale}\cdot\Lambda_i\odot(dO_i\,S_{[n-1]}^\top),\qquad
+#   dk_j = \textstyle\sum_{i\ge j} dP_{ij}\,q_i\odot e^{b_i-b_j} + \Gamma_j\odot(V_j\,dS_{[n]}^\top),$$
 #
 # and the gate gradient by the closed form **inside the chunk**: $\partial L/\partial b_t =
-# \hat q_t\odot d\hat q_t - k_t\odot dk_t$ plus $\sum_v(S_{[n]}\odot dS_{[n]})_{:,v}$ at the chunk's
+# q_t\odot dq_t - k_t\odot dk_t$ plus $\sum_v(S_{[n]}\odot dS_{[n]})_{:,v}$ at the chunk's
 # last token (the chunk-level $S_T$ term: a chunk hands its state on), then a suffix sum over the
 # chunk. The two sums over $j$ and $i$ are the forward's $P$ tiles again, read along rows and along
-# columns: the same log-space tiles, the same secondary chunking. One head, inline:
+# columns: the same log-space tiles, the same secondary chunking. The code below multiplies the
+# queries by `scale` once, `qh` $= \text{scale}\cdot q$, so its `P` is the scaled copy
+# $\text{scale}\cdot P$ and its `dP` is $\operatorname{tril}(dO\,V^\top)$; it computes the gradient
+# with respect to $\text{scale}\cdot q$ and multiplies by `scale` once at the end. One head, inline:
 
 # %%
 def chunk_gla_backward(q, k, v, g, do, S0, dS_T, scale, C):
@@ -291,7 +294,7 @@ print("gradients come back in each input's dtype, e.g. dq", got["dq"].dtype, "an
 #
 # * **Exponents ≤ 0.** Every factor is $e^{b_i - b_j}$ with $i \ge j$, $\Lambda$, $\Gamma$ or $\gamma$ —
 #   never $e^{-b}$ on its own. Off-diagonal sub-chunk tiles split the decay at a sub-chunk
-#   boundary (chapter 05), for $d\hat q$ at the query sub-chunk's start and for $dk$ at the key
+#   boundary (chapter 05), for $dq$ at the query sub-chunk's start and for $dk$ at the key
 #   sub-chunk's end, so both factors stay ≤ 1.
 # * **Diagonal tiles in float32**, as in the forward: built from single-token decays $e^{g} \le 1$
 #   (the library's chunk level halves the diagonal tiles again and again, `linattn.chunk.gla_tiles`,
@@ -323,7 +326,7 @@ assert all(lib < 1e-4 for _, lib in rows) and rows[-1][0] > 3 * rows[-1][1]
 #
 # ### What breaks if the gradient goes through $e^{-b}$
 #
-# The forward's absorption trick has a backward twin: $d\hat q_i = e^{b_i}\odot\sum_j dP_{ij}\,(k_j\odot
+# The forward's absorption trick has a backward twin: the intra-chunk part of $dq_i$ is $e^{b_i}\odot\sum_j dP_{ij}\,(k_j\odot
 # e^{-b_j})$, two matmul-friendly factors. Under strong gates ($g$ down to −20 per token),
 # $e^{-b_j}$ over a 64-token chunk reaches $e^{640}$: float32 overflows, and $\infty\cdot 0$ turns
 # the gradient into NaN.
@@ -394,7 +397,7 @@ X = torch.linalg.solve_triangular(I + A, Y, upper=False, unitriangular=True)   #
 (X * dX).sum().backward()
 dY = torch.linalg.solve_triangular((I + A).T.detach(), dX, upper=True, unitriangular=True)  # 𝒯ᵀ dX
 dA = -(dY @ X.detach().T).tril(-1)
-print(f"dA = −tril(Tᵀ dX Xᵀ) vs autograd: {testing.rel_err(dA, A.grad):.1e}")
+print(f"dA = −tril(𝒯ᵀ dX Xᵀ) vs autograd: {testing.rel_err(dA, A.grad):.1e}")
 assert testing.rel_err(dA, A.grad) < testing.tolerance(torch.float64)
 
 # %% [markdown]
@@ -503,7 +506,7 @@ assert all(x >= 0.9 * s for x, s in zip(held_extra, states))
 # ## Summary
 #
 # * The backward of a linear recurrence is a linear recurrence **in reverse time**:
-#   $dS_{t-1} = \operatorname{diag}(a_t)\,dS_t + \text{scale}\cdot q_{t-1}^\top do_{t-1}$, started from
+#   $dS_{t-1} = \operatorname{diag}(\alpha_t)\,dS_t + \text{scale}\cdot q_{t-1}^\top do_{t-1}$, started from
 #   the incoming final-state gradient and ending at the initial state's. `linattn.naive.backward`
 #   has it for all four operations, equal to autograd to float64 rounding.
 # * **Closed-form gate gradient**: $\partial L/\partial b_t = q_t\odot dq_t - k_t\odot dk_t$ (plus
@@ -511,11 +514,11 @@ assert all(x >= 0.9 * s for x, s in zip(held_extra, states))
 #   Sign: $+$ on the query side; the sum runs to the end. For the delta rule the read key adds
 #   $+k\odot dk^{\text{read}}$.
 # * **Chunkwise**: a reverse pass over chunk states ($dS_{[n-1]} = \operatorname{diag}(\gamma)dS_{[n]} +
-#   (\hat Q\odot\Lambda)^\top dO$), then independent chunks whose $d\hat q$, $dk$ are the forward's
+#   \text{scale}\cdot(Q\odot\Lambda)^\top dO$), then independent chunks whose $dq$, $dk$ are the forward's
 #   decayed tiles read by rows and by columns, and the gate gradient summed inside each chunk.
 # * **Precision** as in the forward: exponents ≤ 0 (a gradient through $e^{-b}$ overflows under
 #   strong gates), diagonal tiles in float32, short suffix sums.
-# * **Delta rule**: through $X = (I + A)^{-1}Y$, $dY = (I+A)^{-\top}dX$ and $dA = -\operatorname{tril}_{-1}(dY X^\top)$;
+# * **Delta rule**: through $X = (I + A)^{-1}Y$, $dY = \mathcal T^\top dX$ and $dA = -\operatorname{tril}_{-1}(dY X^\top)$;
 #   $d\beta$ collects from $U$, $W$ and $A$.
 # * **Recompute vs materialise**: same peak within one layer, less memory held between forward and
 #   backward for recompute, at the cost of one more state pass.

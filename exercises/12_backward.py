@@ -84,9 +84,9 @@ check("ch12.gate_grad", gate_grad);
 # %% [markdown]
 # ## Exercise 2 — `ch12.recurrent_backward`
 #
-# Recompute the forward and keep every state $S_0, \dots, S_T$. Then walk $t = T-1, \dots, 0$
-# (0-based) carrying $dS$, the gradient of the state after step $t$, which starts as
-# `dfinal_state` (or zeros):
+# Recompute the forward and keep every state $S_0, \dots, S_T$. Then walk $t = T, \dots, 1$
+# (row $t-1$ of the tensors, Python counting from 0) carrying $dS$, the gradient of the state
+# after step $t$, $S_t$, which starts as `dfinal_state` (or zeros):
 #
 # $$dS \mathrel{+}= \text{scale}\cdot q_t^\top do_t,\quad dq_t = \text{scale}\cdot do_t S_t^\top,\quad
 #   dk_t = v_t\, dS^\top,\quad dv_t = k_t\, dS,$$
@@ -109,23 +109,27 @@ check("ch12.recurrent_backward", recurrent_gla_backward);
 #
 # Chunks of $C$ = `chunk_size` tokens (the grader uses 16; the **last chunk may be shorter** —
 # its gradients count too). Inside a chunk, $b$ is the cumulative log-gate from the chunk start,
-# $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$, $\hat Q = \text{scale}\cdot Q$,
-# and the forward is $O = P V + (\hat Q \odot \Lambda) S_{[n-1]}$,
-# $P_{ij} = \sum_\kappa \hat q_{i\kappa} k_{j\kappa} e^{b_{i\kappa} - b_{j\kappa}}$ ($i \ge j$),
+# $\Lambda_i = e^{b_i}$, $\Gamma_j = e^{b_C - b_j}$, $\gamma = e^{b_C}$,
+# and the forward is $O = \text{scale}\cdot\big(P V + (Q \odot \Lambda) S_{[n-1]}\big)$,
+# $P_{ij} = \sum_\kappa q_{i\kappa} k_{j\kappa} e^{b_{i\kappa} - b_{j\kappa}}$ ($i \ge j$),
 # $S_{[n]} = \operatorname{diag}(\gamma) S_{[n-1]} + (K \odot \Gamma)^\top V$.
 #
 # 1. Forward over chunks, keeping the state *entering* each chunk, $S_{[n-1]}$.
 # 2. Backward over chunks from $dS_{[N]}$ = `dfinal_state` (or zeros); with $dS_{[n]}$ the
 #    gradient of the state after chunk $n$:
 #
-# $$dP = \operatorname{tril}(dO\, V^\top),\quad dV = P^\top dO + (K \odot \Gamma)\, dS_{[n]},$$
-# $$d\hat q_i = \textstyle\sum_{j \le i} dP_{ij}\, k_j \odot e^{b_i - b_j} + \Lambda_i \odot (dO_i\, S_{[n-1]}^\top),\qquad
-#   dk_j = \textstyle\sum_{i \ge j} dP_{ij}\, \hat q_i \odot e^{b_i - b_j} + \Gamma_j \odot (V_j\, dS_{[n]}^\top),$$
-# $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + (\hat Q \odot \Lambda)^\top dO .$$
+# $$dP = \text{scale}\cdot\operatorname{tril}(dO\, V^\top),\quad dV = \text{scale}\cdot P^\top dO + (K \odot \Gamma)\, dS_{[n]},$$
+# $$dq_i = \textstyle\sum_{j \le i} dP_{ij}\, k_j \odot e^{b_i - b_j} + \text{scale}\cdot\Lambda_i \odot (dO_i\, S_{[n-1]}^\top),\qquad
+#   dk_j = \textstyle\sum_{i \ge j} dP_{ij}\, q_i \odot e^{b_i - b_j} + \Gamma_j \odot (V_j\, dS_{[n]}^\top),$$
+# $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + \text{scale}\cdot(Q \odot \Lambda)^\top dO .$$
 #
-# 3. The gate gradient by the closed form **inside each chunk**: $\partial L/\partial b_t = \hat q_t
-#    \odot d\hat q_t - k_t \odot dk_t$, plus $\sum_v (S_{[n]} \odot dS_{[n]})_{:,v}$ at the chunk's
-#    last position, then a suffix sum within the chunk. $dq = \text{scale}\cdot d\hat q$.
+# 3. The gate gradient by the closed form **inside each chunk**: $\partial L/\partial b_t = q_t
+#    \odot dq_t - k_t \odot dk_t$, plus $\sum_v (S_{[n]} \odot dS_{[n]})_{:,v}$ at the chunk's
+#    last position, then a suffix sum within the chunk.
+#
+# (Or multiply the queries by `scale` once, as the chapter's code does: with $\text{scale}\cdot q$
+# in place of $q$, $dP = \operatorname{tril}(dO\,V^\top)$ and every other `scale` above drops out;
+# that gives the gradient with respect to $\text{scale}\cdot q$, so multiply it by `scale` for $dq$.)
 #
 # Keep $e^{b_i - b_j}$ in log space (masked to $-\infty$ above the diagonal before `exp`), as in
 # chapter 04: strong gates make $e^{-b}$ overflow.
