@@ -64,37 +64,43 @@ DEV = linattn.device.default_device()
 # %% [markdown]
 # ## 1. What the backward computes, chunk by chunk
 #
-# Notation of chapter 10: for the chunk starting at $t_0$, $b_t$ is the log-gate summed from the
-# chunk start (float32), $h$ the state entering the chunk, $s$ the scale, and
+# Notation of chapters 10 and 12: in chunk $n$, $i$ is a query position and $j$ a key position
+# ($1, \dots, C$), $b_i$ the log-gate summed from the chunk start (float32), $b_C$ its sum over the
+# whole chunk, $G$ the matrix of rows $b_i$, $S_{[n-1]}$ the state entering the chunk (`h` in the
+# code), and `scale` sits on the outputs only:
 #
-# $$o_t = s\Big((q_t\odot e^{b_t})\,h + \sum_{j\le t}A_{tj}v_j\Big),\qquad
-#   A_{tj}=\sum_\kappa q_{t\kappa}k_{j\kappa}e^{\,b_{t\kappa}-b_{j\kappa}},\qquad
-#   h_\text{next} = \operatorname{diag}(e^{b_\text{last}})\,h + \sum_j (k_j\odot e^{\,b_\text{last}-b_j})^\top v_j .$$
+# $$o_i = \text{scale}\Big((q_i\odot e^{b_i})\,S_{[n-1]} + \sum_{j\le i}P_{ij}v_j\Big),\qquad
+#   P_{ij}=\sum_\kappa q_{i\kappa}k_{j\kappa}e^{\,b_{i\kappa}-b_{j\kappa}},\qquad
+#   S_{[n]} = \operatorname{diag}(e^{b_C})\,S_{[n-1]} + \sum_j (k_j\odot e^{\,b_C-b_j})^\top v_j .$$
 #
-# Backpropagation hands the layer $dO$ and the gradient of the final state (chapter 12, §1). Let
-# $D$ be the gradient of the state *after* the chunk and $dA_{tj} = s\,dO_t\cdot v_j$ for $j\le t$.
-# Differentiating each line (chapter 12, §4):
+# (The kernels call the score matrix $P$ `A`, as FLA does; in this book $A$ is the delta rule's
+# matrix.) Backpropagation hands the layer $dO$ and the gradient of the final state (chapter 12,
+# §1). Let $dS_{[n]}$ be the gradient of the state *after* the chunk and
+# $dP_{ij} = \text{scale}\cdot dO_i\cdot v_j$ for $j\le i$. Differentiating each line (chapter 12, §4):
 #
-# $$D_\text{before} = \operatorname{diag}(e^{b_\text{last}})\,D + s\,(Q\odot e^{b})^\top dO
+# $$dS_{[n-1]} = \operatorname{diag}(e^{b_C})\,dS_{[n]} + \text{scale}\,(Q\odot e^{G})^\top dO
 #   \qquad\text{(reverse pass, sequential)}$$
 #
-# $$dq_t = s\,(dO_t\,h^\top)\odot e^{b_t} + \sum_{j\le t} dA_{tj}\,k_j\odot e^{\,b_t-b_j},\qquad
-#   dk_j = (v_j D^\top)\odot e^{\,b_\text{last}-b_j} + \sum_{t\ge j} dA_{tj}\,q_t\odot e^{\,b_t-b_j},$$
+# $$dq_i = \text{scale}\,(dO_i\,S_{[n-1]}^\top)\odot e^{b_i} + \sum_{j\le i} dP_{ij}\,k_j\odot e^{\,b_i-b_j},\qquad
+#   dk_j = (v_j\, dS_{[n]}^\top)\odot e^{\,b_C-b_j} + \sum_{i\ge j} dP_{ij}\,q_i\odot e^{\,b_i-b_j},$$
 #
-# $$dv_j = (k_j\odot e^{\,b_\text{last}-b_j})\,D + s\sum_{t\ge j}A_{tj}\,dO_t,\qquad
-#   \frac{\partial L}{\partial b_t} = q_t\odot dq_t - k_t\odot dk_t\ \ (+\textstyle\sum_v S_T\odot dS_T \text{ at } t=T),\qquad
+# $$dv_j = (k_j\odot e^{\,b_C-b_j})\,dS_{[n]} + \text{scale}\sum_{i\ge j}P_{ij}\,dO_i,$$
+#
+# and over the whole sequence ($t = 1, \dots, T$, $b_t$ summed from its start)
+#
+# $$\frac{\partial L}{\partial b_t} = q_t\odot dq_t - k_t\odot dk_t\ \ (+\textstyle\sum_v S_T\odot dS_T \text{ at } t=T),\qquad
 #   dg_t = \sum_{s\ge t}\frac{\partial L}{\partial b_s}.$$
 #
-# Two inputs of these formulas are not at hand after the forward: the state $h$ entering every
-# chunk (the forward's fused mode never writes it) and, for per-dimension gates, the matrix $A$.
+# Two inputs of these formulas are not at hand after the forward: the state $S_{[n-1]}$ entering
+# every chunk (the forward's fused mode never writes it) and, for per-dimension gates, the matrix $P$.
 # The GLA paper **recomputes** both in the backward; `recompute=False` keeps them instead (§6).
 # Everything else splits into kernels by how much parallelism it has:
 #
 # | step | kernel | grid (programs) | walks the chunks? |
 # |---|---|---|---|
-# | recompute $h$ | `gated._states_kernel` | (K-block, V-block, batch·head) | **yes** |
+# | recompute $S_{[n-1]}$ | `gated._states_kernel` | (K-block, V-block, batch·head) | **yes** |
 # | reverse pass | `_dstates_kernel` | (K-block, V-block, batch·head) | **yes** (last to first) |
-# | $dA = s\,dO\,V^\top$ | `_dA_kernel` | (row block of a chunk, batch·head) | no |
+# | $dP = \text{scale}\,dO\,V^\top$ | `_dA_kernel` | (row block of a chunk, batch·head) | no |
 # | intra $dq$, $dk$ | `_intra_grad_kernel` | (K-block, sub-chunk, batch·head) | no |
 # | $dv$ | `_dv_kernel` | (V-block, row block, batch·head) | no |
 # | $dq$, $dk$, $\partial L/\partial b$ summed per row block | `_dqk_kernel` | (K-block, row block, batch·head) | no |
@@ -153,18 +159,19 @@ assert max(errs.values()) < 1e-4
 # ## 2. The reverse pass over the state gradients
 #
 # The forward's one sequential part carries the state forward through the chunks; the backward's
-# one sequential part carries $D$ **backward**: start from the final state's gradient, and before
-# stepping to the previous chunk, decay $D$ by the chunk's total gate and add what the chunk's
-# outputs ask of the state, $s\,(Q\odot e^{b})^\top dO$. Each program of `_dstates_kernel` owns a
-# $64\times 64$ block of $D$ for one (batch, head) — the rows and columns of $D$ never mix, exactly
-# as in the forward's state pass — and writes the $D$ of every chunk for the parallel kernels.
-# After the first chunk, $D$ *is* the gradient of the initial state.
+# one sequential part carries the state gradient $dS$ **backward**: start from the final state's
+# gradient, and before stepping to the previous chunk, decay $dS$ by the chunk's total gate and add
+# what the chunk's outputs ask of the state, $\text{scale}\,(Q\odot e^{G})^\top dO$. Each program of
+# `_dstates_kernel` owns a $64\times 64$ block of $dS$ for one (batch, head) — the rows and columns
+# of $dS$ never mix, exactly as in the forward's state pass — and writes the $dS_{[n]}$ of every
+# chunk for the parallel kernels.
+# After the first chunk, $dS$ *is* the gradient of the initial state.
 #
 # In a dozen lines of PyTorch (float64), checked against the kernel's $d\,\text{initial\_state}$:
 
 # %%
 def reverse_pass(q, g, do, dS_T, C, scale):
-    """D before the first chunk: the initial state's gradient. q, g [B,T,H,K], do [B,T,H,V]."""
+    """dS (`D` here) before the first chunk: the initial state's gradient. q, g [B,T,H,K], do [B,T,H,V]."""
     D = dS_T.double()                                                   # [B, H, K, V]
     for t0 in reversed(range(0, q.shape[1], C)):
         sl = slice(t0, t0 + C)
@@ -182,37 +189,38 @@ assert testing.rel_err(ours["initial_state"], D0) < 1e-5
 # %% [markdown]
 # ## 3. Gradient tiles with secondary chunking
 #
-# The intra-chunk sums $\sum_{j\le t} dA_{tj}\,k_j\odot e^{b_t-b_j}$ (for $dq$) and
-# $\sum_{t\ge j} dA_{tj}\,q_t\odot e^{b_t-b_j}$ (for $dk$) have the shape of $A$ itself — a decay
-# *inside* the sum over tokens, per key dimension — so they are built like $A$ in chapter 10, from
-# $c\times c$ tiles:
+# The intra-chunk sums $\sum_{j\le i} dP_{ij}\,k_j\odot e^{b_i-b_j}$ (for $dq$) and
+# $\sum_{i\ge j} dP_{ij}\,q_i\odot e^{b_i-b_j}$ (for $dk$) have the shape of $P$ itself — a decay
+# *inside* the sum over tokens, per key dimension — so they are built like $P$ in chapter 10, from
+# $c\times c$ tiles (sub-chunks counted from 0, as in chapter 05):
 #
-# * **Off-diagonal tiles** become tensor-core matmuls after splitting $e^{b_t-b_j}$ at a point $r$
+# * **Off-diagonal tiles** become tensor-core matmuls after splitting $e^{b_i-b_j}$ at a position $r$
 #   between the two sub-chunks into two factors $\le 1$. The point differs for the two gradients.
-#   A program computing $dq$ for query sub-chunk $i$ sums over key sub-chunks $j<i$: $r$ is $b$
-#   *just before* sub-chunk $i$, $dq_i = e^{b_i - r}\odot\sum_{j<i} dA_{ij}\,(K_j\odot e^{r-b_j})$.
-#   A program computing $dk$ for key sub-chunk $i$ sums over query sub-chunks $i'>i$: $r$ is $b$
-#   at the *last token* of sub-chunk $i$, $dk_i = e^{r-b_i}\odot\sum_{i'>i} dA_{i'i}^\top(Q_{i'}\odot e^{b_{i'}-r})$.
+#   A program computing $dq$ for query sub-chunk $i$ sums over key sub-chunks $j<i$: $r = ic$, the
+#   last position *before* sub-chunk $i$, $dq_{[i]} = e^{G_{[i]} - b_r}\odot\sum_{j<i} dP_{[i][j]}\,(K_{[j]}\odot e^{b_r-G_{[j]}})$.
+#   A program computing $dk$ for key sub-chunk $i$ sums over query sub-chunks $i'>i$: $r = (i+1)c$,
+#   the *last position* of sub-chunk $i$, $dk_{[i]} = e^{b_r-G_{[i]}}\odot\sum_{i'>i} dP_{[i'][i]}^\top(Q_{[i']}\odot e^{G_{[i']}-b_r})$.
 #   Either way one reference serves every tile a program sums, and every exponent is $\le 0$.
 # * **Diagonal tiles** have no point between their queries and keys; they are summed in float32
-#   with decay tiles built one gate factor ($\le 1$) at a time. For $dq$ (a sum over columns $s$ for
-#   each row $t$) a column walk: the decay column $E_s[t] = e^{b_t-b_s}$ from $E_{s+1}$
-#   with one exponential per key dimension. For $dk$ (a sum over rows $t$ for each column $s$) the
-#   same walk over rows, $F_t[s] = F_{t-1}[s]\,e^{g_t}$: each row adds the rank-one tile
-#   $dA_{t,\cdot}\otimes q_t \odot F_t$ to all of $dk$ at once, where walking columns would need a
+#   with decay tiles built one gate factor ($\le 1$) at a time. For $dq$ (a sum over columns $j$ for
+#   each row $i$) a column walk: the decay column $E_j[i] = e^{b_i-b_j}$ from $E_{j+1}$
+#   with one exponential per key dimension. For $dk$ (a sum over rows $i$ for each column $j$) the
+#   same walk over rows, $F_i[j] = F_{i-1}[j]\,e^{g_i}$: each row adds the rank-one tile
+#   $dP_{i,\cdot}\otimes q_i \odot F_i$ to all of $dk$ at once, where walking columns would need a
 #   sum across the rows and a write into one row per column — on the GPU that version of the
 #   kernel took about twice as long.
 #
-# Given $dA$, each key dimension is independent of the others, so the kernel also splits $K$ into
-# blocks of 64 — its float32 tiles stay $c\times 64$ whatever $K$ is. $dA$ itself
-# ($s\,dO\,V^\top$, lower triangle) is one kernel before it, summed over $V$ in blocks. For
+# Given $dP$, each key dimension is independent of the others, so the kernel also splits $K$ into
+# blocks of 64 — its float32 tiles stay $c\times 64$ whatever $K$ is. $dP$ itself
+# ($\text{scale}\,dO\,V^\top$, lower triangle) is one kernel before it, summed over $V$ in blocks. For
 # per-head gates and linear attention the decay leaves the sum over $\kappa$ and every tile,
-# diagonal included, is a masked matmul. The state parts ($dO\,h^\top$ and $V D^\top$, sums over
+# diagonal included, is a masked matmul. The state parts ($dO\,S_{[n-1]}^\top$ and $V\,dS_{[n]}^\top$, sums over
 # $V$) are added by `_dqk_kernel`, which also forms $\partial L/\partial b$ while $dq$, $dk$ are
 # still float32 — before they are rounded to the input's dtype.
 #
-# **What breaks if** the $dk$ tiles used $dq$'s reference (the point *before* sub-chunk $i$)? The
-# key factor becomes $e^{r-b_j}$ with $j$ in sub-chunk $i$, *after* $r$: a positive exponent.
+# **What breaks if** the $dk$ tiles used $dq$'s reference (the position $r = ic$ *before* sub-chunk
+# $i$)? The key factor becomes $e^{b_r-b_j}$ with $j$ in sub-chunk $i$, *after* $r$: a positive
+# exponent (`r_before` below holds $b_r$, `r_last` the right reference).
 # Under strong gates (down to $-20$ per step) it overflows:
 
 # %%
@@ -337,11 +345,11 @@ plt.show()
 #
 # ## 6. Recompute or keep the states
 #
-# `recompute=True` (default) computes the states $h$ ($B\cdot H\cdot N\cdot K\cdot V$ numbers)
+# `recompute=True` (default) computes the states $S_{[n]}$ ($B\cdot H\cdot N\cdot K\cdot V$ numbers)
 # again in the backward and keeps only what is input-sized: for per-dimension gates the float32
-# matrix $A$ ($B\cdot T\cdot H\cdot C$) and the cumulated gates $b$ ($B\cdot T\cdot H\cdot K$),
+# matrix $P$ ($B\cdot T\cdot H\cdot C$) and the cumulated gates $b$ ($B\cdot T\cdot H\cdot K$),
 # which the forward built anyway and which cost about as much to rebuild as the states (FLA makes
-# the same choice). `recompute=False` keeps $h$ as well and skips one more kernel. Both give the
+# the same choice). `recompute=False` keeps the states as well and skips one more kernel. Both give the
 # same gradients (the backward runs the same kernels on the same numbers). What waits between the
 # two passes is what the `autograd.Function` saved for the backward beyond the inputs themselves
 # (which the network keeps anyway):
@@ -361,13 +369,13 @@ for recompute in (True, False):
           f"({', '.join(str(tuple(t.shape)) for t in saved) or 'nothing'}); the output itself "
           f"{o.numel() * o.element_size() / 2**20:.3f} MiB")
     del o
-a_and_b = mem_args["q"].numel() // mem_args["q"].shape[-1] * (64 + mem_args["q"].shape[-1]) * 4   # A and b, float32
+a_and_b = mem_args["q"].numel() // mem_args["q"].shape[-1] * (64 + mem_args["q"].shape[-1]) * 4   # P and b, float32
 assert held[True] == a_and_b < held[False]
 
 # %% [markdown]
 # Count the bytes per token and head at the benchmark setting (bf16, $K=V=128$, $C=64$): $q$ takes
-# $128\cdot 2 = 256$; the states $K V / C = 256$ numbers in bf16, 512 bytes; $A$ 64 float32
-# numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. The default keeps $A$ and
+# $128\cdot 2 = 256$; the states $K V / C = 256$ numbers in bf16, 512 bytes; $P$ 64 float32
+# numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. The default keeps $P$ and
 # $b$, three times the size of $q$ per layer; keeping the states too makes it five, for as long as
 # the network waits between this layer's forward and its backward. Recomputing the states costs
 # the kernel §7 times as "recompute states".
@@ -498,26 +506,28 @@ else:
 # DeltaNet, Gated DeltaNet and KDA (chapter 11) have their own backward,
 # `linattn/triton/delta_backward.py` and `wy_backward.py`. Their forward runs in three stages —
 # the per-chunk WY factors ($A$, $\mathcal T = (I+A)^{-1}$, $W$, $U$), the state pass that also
-# produces the corrected values $\tilde V = U - W S_n$, and the output — and the backward mirrors
+# produces the corrected values $\tilde V = U - W S_{[n-1]}$, and the output — and the backward mirrors
 # them:
 #
 # 1. **Recompute** (or keep, with `recompute=False`) the first two stages: the factors and the
 #    states with $\tilde V$.
 # 2. **One sequential pass** (`_dstate_kernel`, a program per V-block and head, chunks last to
 #    first). The state now feeds back into the chunk through $\tilde V$, so the pass carries more
-#    than GLA's: $d\tilde V = A_{qk}^\top dO + K_d\, dS_{n+1}$ and
-#    $dS_n = e^{G_C}\odot dS_{n+1} + Q_s^\top dO - W^\top d\tilde V$. The $-W^\top d\tilde V$ term
-#    is the delta rule's correction read backwards.
+#    than GLA's: $d\tilde V = \text{scale}\,A_{qk}^\top dO + (K\odot\Gamma)\, dS_{[n]}$ and
+#    $dS_{[n-1]} = \operatorname{diag}(e^{b_C})\, dS_{[n]} + \text{scale}\,(Q\odot e^{G})^\top dO - W^\top d\tilde V$
+#    (the kernels keep $\text{scale}\,A_{qk}$ and $\text{scale}\,Q\odot e^{G}$, as in chapter 11).
+#    The $-W^\top d\tilde V$ term is the delta rule's correction read backwards.
 # 3. **Per-chunk reductions over $V$** (`_dchunk_kernel`, a program per chunk and head): every
 #    gradient that sums over value dimensions, then the **WY backward** through
 #    $\mathcal T = (I+A)^{-1}$: for $X = \mathcal T Y$, $dY = \mathcal T^\top dX$ and
 #    $dA = -(\mathcal T^\top dX)\,X^\top$ on the strict lower triangle (chapter 12, §6).
 # 4. **The chain rule through the decayed scores and gates** (`wy_backward.gate_stage`, a program
 #    per K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$. For per-dimension gates the sums
-#    over the chunk, $\sum_j M_{ij}\,e^{G_i - G_j} \odot k_j$ and its transpose, take the forward's
+#    over the chunk, $\sum_j dA_{ij}\,e^{b_i - b_j} \odot k_j$ (and the same with
+#    $\text{scale}\,dA_{qk}$ in place of $dA$) and their transposes, take the forward's
 #    split (chapter 11): where the chunk's gates decay by less than $e^{60}$ in every key dimension
-#    of the program, $e^{G_i - G_j} = e^{G_i}\cdot e^{-G_j}$ and each sum is one tensor-core
-#    product, $e^{G}\odot M\,(K\odot e^{-G})$; past the bound every exponent stays $\le 0$ and the
+#    of the program, $e^{b_i - b_j} = e^{b_i}\cdot e^{-b_j}$ and each sum is one tensor-core
+#    product, $e^{G}\odot dA\,(K\odot e^{-G})$; past the bound every exponent stays $\le 0$ and the
 #    decay tiles are built one gate factor at a time (walking the columns for the row sums, the
 #    rows for the column sums).
 #
@@ -527,8 +537,8 @@ else:
 # ## Summary
 #
 # * The Triton backward of GLA and linear attention is seven kernels: recompute the states (the
-#   forward's intra-chunk matrix $A$ and cumulated gates are kept), a **reverse pass** over the
-#   state gradients, $dA = s\,dO\,V^\top$, the intra-chunk parts of $dq$, $dk$, then $dv$, then
+#   forward's intra-chunk matrix $P$ and cumulated gates are kept), a **reverse pass** over the
+#   state gradients, $dP = \text{scale}\,dO\,V^\top$, the intra-chunk parts of $dq$, $dk$, then $dv$, then
 #   $dq$, $dk$ with their state parts and $\partial L/\partial b$, then $dg$ as a reverse
 #   cumulative sum (within row blocks on chip, across blocks over their totals).
 # * Only the state recomputation and the reverse pass walk the chunks; their grid shrinks as
