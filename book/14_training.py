@@ -66,7 +66,7 @@ print(linattn.device.describe())
 #
 # $$[q_t, k_t, v_t] = \mathrm{SiLU}\big(\mathrm{conv}_4(x W_{qkv})\big)_t,\qquad
 #   o_t = \mathrm{op}(q, k, v, \dots)_t,$$
-# $$y_t = \Big(\mathrm{Norm}_{\text{per head}}(o_t) \odot \mathrm{Swish}(x_t W_r + b_r)\Big) W_o .$$
+# $$y_t = \Big(\mathrm{Norm}_{\text{per head}}(o_t) \odot \mathrm{Swish}(x_t W_r + c_r)\Big) W_o .$$
 #
 # * $\mathrm{conv}_4$ is a short causal depthwise convolution over the last four positions. It
 #   lets position $t$ see the token before it — which associative recall needs (a value must be
@@ -75,7 +75,9 @@ print(linattn.device.describe())
 # * The normalisation acts on each head's output separately (the paper: "LayerNorm is applied
 #   after the output of each head individually"). It is what lets the layers drop the normaliser
 #   of the original linear attention (chapter 01).
-# * $\mathrm{Swish}(x W_r + b_r)$ is the output gate $R_t$ of the paper's eq. (10).
+# * $\mathrm{Swish}(x W_r + c_r)$ is the output gate $R_t$ of the paper's eq. (10). (The $W$s with
+#   subscripts are learned projections and the $c$s their biases; $b$ stays the cumulative
+#   log-gate and $W$ alone the WY factor of chapter 07.)
 #
 # What differs is the operation and what the layer computes from $x$ besides $q, k, v$:
 #
@@ -92,9 +94,9 @@ print(linattn.device.describe())
 # The GLA paper makes the forget gate data-dependent and cheap: a low-rank projection (rank 16)
 # and a temperature $\tau = 16$,
 #
-# $$\alpha_t = \sigma\big(x_t W_\alpha^1 W_\alpha^2 + b_\alpha\big)^{1/\tau}
+# $$\alpha_t = \sigma\big(x_t W_\alpha^1 W_\alpha^2 + c_\alpha\big)^{1/\tau}
 #   \quad\Longleftrightarrow\quad
-#   \log\alpha_t = \frac{\log\sigma\big(x_t W_\alpha^1 W_\alpha^2 + b_\alpha\big)}{\tau} \le 0 .$$
+#   \log\alpha_t = \frac{\log\sigma\big(x_t W_\alpha^1 W_\alpha^2 + c_\alpha\big)}{\tau} \le 0 .$$
 #
 # The paper applies the temperature in log space, and so do we: the kernels take log-decays
 # (chapter 03), so the layer never forms $\alpha$ at all. $\log\sigma(z) = -\mathrm{softplus}(-z)$
@@ -111,20 +113,21 @@ assert torch.isinf(torch.sigmoid(z).log()[0]) and torch.isfinite(F.logsigmoid(z)
 # Why $\tau = 16$: $\sigma$ saturates quickly, and its $16^{\text{th}}$ root stays close to 1 over
 # most of its range, so the state forgets slowly unless the layer pushes $z$ far down. At $z = 0$,
 # $\alpha = 2^{-1/\tau}$ and the state keeps half of what it holds after $\tau$ tokens; with
-# $\tau = 1$ it would halve at every token. The library also starts the gate's bias at $b = 4$
+# $\tau = 1$ it would halve at every token. The library also starts the gate's bias at $c_\alpha = 4$
 # (`linattn.nn.gates.GATE_BIAS`): a half-life of about 600 tokens, so a fresh model remembers
 # like an ungated one and learns where to forget — a model that cannot yet retrieve anything gets
 # little gradient telling it to keep its state longer.
 
 # %%
 for tau in (1, 4, 16):
-    for b in (0.0, 4.0):
-        a0 = math.exp(F.logsigmoid(torch.tensor(b)).item() / tau)
-        print(f"τ = {tau:2d}, z = {b:g}: α = {a0:.5f}, half-life {math.log(0.5) / math.log(a0):7.1f} tokens")
+    for z0 in (0.0, 4.0):                                   # z of a zero input: the bias c_α
+        a0 = math.exp(F.logsigmoid(torch.tensor(z0)).item() / tau)
+        print(f"τ = {tau:2d}, z = {z0:g}: α = {a0:.5f}, half-life {math.log(0.5) / math.log(a0):7.1f} tokens")
 
 # %% [markdown]
-# Build a GLA layer and look at its parts. The paper's GLA uses $d_k = d/2$ for the keys
-# (`head_k`) and $d_v = d$ for the values.
+# Build a GLA layer and look at its parts. The paper's GLA uses $d_k = d/2$ for the keys and
+# $d_v = d$ for the values, summed over the heads: the paper's $d_k$ and $d_v$ are $H\cdot K$ and
+# $H\cdot V$ here, so each head has $K = d/(2H)$ (`head_k`) and $V = d/H$.
 
 # %%
 d_model, n_heads = 64, 2
@@ -479,7 +482,7 @@ print(f"linear attention without the short convolution: recall {run.accuracy:.3f
 #
 # * A layer is an operation between projections: $q, k, v$ (after a short convolution), the
 #   operation's extra inputs (a log-space gate, $\beta$), a per-head norm, a Swish output gate and
-#   an output projection. The GLA gate is $\log\alpha = \log\sigma(xW_1W_2 + b)/16$, formed in log
+#   an output projection. The GLA gate is $\log\alpha = \log\sigma(xW_\alpha^1W_\alpha^2 + c_\alpha)/16$, formed in log
 #   space.
 # * `forward(x, state) -> (y, state)` makes the prompt and generation one code path; a state is
 #   tied to its layer and batch.

@@ -50,7 +50,7 @@ from linattn.grade import check
 # ## Exercise 1 — `ch14.log_gate`: the GLA gate, in log space
 #
 # The GLA paper's forget gate is $\alpha_t = \sigma(z_t)^{1/\tau}$ with the low-rank pre-activation
-# $z_t = x_t W_1 W_2 + b$ and the temperature $\tau = 16$. The kernels take the log-decay
+# $z_t = x_t W_\alpha^1 W_\alpha^2 + c_\alpha$ (the bias $c_\alpha$; $b$ is the cumulative log-gate) and the temperature $\tau = 16$. The kernels take the log-decay
 # $g_t = \log\alpha_t \le 0$, so write the gate in log space:
 #
 # $$g = \frac{\log \sigma(z)}{\tau}.$$
