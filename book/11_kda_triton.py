@@ -100,8 +100,8 @@ DEV = linattn.device.default_device()
 # chunks; it writes each chunk's entering state and $\tilde V$ for stage 3. Every kernel of stage
 # 1 is plain: each tile is loaded or computed at the size it is used at, goes through `tl.dot` or
 # elementwise math, and goes back to memory — no tile is ever cut out of, or pasted into, a bigger
-# register tile (Triton has no cheap way to do that, and an earlier version of this kernel spent
-# most of its time doing it). Where the 16×16 blocks of a $C\times C$ matrix are needed, they are
+# register tile (Triton has no cheap way to do that: the copies can cost more than the arithmetic
+# they serve). Where the 16×16 blocks of a $C\times C$ matrix are needed, they are
 # ten separate variables from the start. The library exposes the stages one by one (`plan`,
 # `factor_stage`, `wu_stage`, together `wy_stage`; then `state_stage`, `output_stage`), and we
 # use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a

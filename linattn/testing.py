@@ -37,6 +37,18 @@ GRAD_TOLERANCE = {
 GATE_STRENGTHS = ("weak", "normal", "strong", "logsigmoid", "mamba", "reset")
 
 
+# The six variants the book and the benchmarks name (FLA's names, linattn.bench.OPS) → (linattn
+# function, gate shape for make_inputs' `gate`).
+VARIANTS = {
+    "linear_attn": ("linear_attn", None),
+    "gla": ("gla", "per_dim"),
+    "simple_gla": ("gla", "per_head"),
+    "delta_rule": ("delta_rule", None),
+    "gated_delta_rule": ("kda", "per_head"),
+    "kda": ("kda", "per_dim"),
+}
+
+
 def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE[dtype]
 

@@ -32,15 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from linattn import bench, chunk, naive, testing  # noqa: E402
 
-# name → (library function, gate shape)
-OPS = {
-    "linear_attn": ("linear_attn", None),
-    "gla": ("gla", "per_dim"),
-    "simple_gla": ("gla", "per_head"),
-    "delta_rule": ("delta_rule", None),
-    "gated_delta_rule": ("kda", "per_head"),
-    "kda": ("kda", "per_dim"),
-}
+OPS = testing.VARIANTS   # name → (library function, gate shape)
 TARGETS = {"fwd_speedup": 20.0, "bwd_over_fwd": 4.0, "bwd_speedup": 10.0, "peak_over_base": 1.3}
 
 

@@ -25,15 +25,7 @@ import random
 
 from .. import testing
 
-# variant → (linattn op, gate kind); the names are FLA's (linattn.bench.OPS)
-VARIANTS = {
-    "linear_attn": ("linear_attn", None),
-    "gla": ("gla", "per_dim"),
-    "simple_gla": ("gla", "per_head"),
-    "delta_rule": ("delta_rule", None),
-    "gated_delta_rule": ("kda", "per_head"),
-    "kda": ("kda", "per_dim"),
-}
+VARIANTS = testing.VARIANTS        # variant → (linattn op, gate kind); the names are FLA's
 KS = (16, 32, 64, 128, 256)                                     # head dims, for K and for V
 LENGTHS = (1, 2, 15, 16, 17, 63, 64, 65, 257, 300, 1000, 2048)  # around every boundary, and long
 DTYPES = ("float32", "bfloat16", "float16")
