@@ -60,8 +60,10 @@ print(linattn.device.describe())
 # $$S_t = D_t S_{t-1} + (\text{write of token } t), \qquad o_t = \text{scale}\cdot q_t S_t .$$
 #
 # So generation needs nothing but $S$ (plus the short convolution's last three inputs): the
-# prompt's $T_0$ tokens go through the chunkwise algorithm, which returns $S_{T_0}$ (its
-# `output_final_state`); every generated token then runs one step from the state the previous
+# prompt's $L$ tokens go through the chunkwise algorithm, which returns $S_L$ (its
+# `output_final_state`). $L$, the context length, is the number of tokens read so far — the
+# prompt, or the prompt and what has been generated since; $T$ stays the length of a whole
+# sequence. Every generated token then runs one step from the state the previous
 # one left. The step is the recurrence of chapters 01–06 for a single $t$ — for KDA:
 #
 # $$S \leftarrow \mathrm{diag}(e^{g})\,S,\quad r = v - kS,\quad S \leftarrow S + \beta\,k^\top r,
@@ -90,7 +92,7 @@ assert testing.rel_err(torch.stack(outs, 1), o_ref) < testing.tolerance(torch.fl
 # kernel launch each. `linattn.triton.step` fuses them: one program per (sequence·head, block of 64
 # value columns) loads its block of $S$ into registers, applies all four stages, stores it once.
 # Splitting the value columns is exact because every stage treats the columns of $S$ separately:
-# column $j$ of the residual, $r_j = v_j - k\cdot S_{:,j}$, needs only column $j$.
+# each entry of the residual $r = v - kS$ needs only the matching column of $S$.
 #
 # It is inference-only: it refuses inputs that require grad (by name) rather than return a result
 # cut off from autograd. Check it against the float64 step (here in the Triton interpreter on a
@@ -114,7 +116,7 @@ except linattn.InputError as e:
 # ## 3. Generating with a model
 #
 # `linattn.nn.generate(model, prompt, n)` prefills the prompt and then feeds back the most likely
-# token $n$ times. The layers choose their path by the length of what they get: the prompt goes
+# token `n` times. The layers choose their path by the length of what they get: the prompt goes
 # through the chunkwise kernel, each single token through the step (the fused kernel on a GPU,
 # `linattn.naive.step` on a CPU). Below, two-layer models of chapter 14 with GLA, KDA and softmax
 # attention — untrained, since only the cost and the equality of the two paths matter here. The
