@@ -106,6 +106,53 @@ T = pick(cpu=256, gpu=8192)
 print("a chapter asking pick(cpu=256, gpu=8192) gets T =", T)
 
 # %% [markdown]
+# ## Which GPUs
+#
+# The Triton kernels are written for NVIDIA GPUs of compute capability 7.5 to 9.0: Colab's T4
+# (sm_75), L4 (sm_89) and A100 (sm_80), desktop RTX 30 (sm_86) and RTX 40 (sm_89) cards, and the
+# H100/H200 (sm_90). They are checked in two ways:
+#
+# * **Run natively** on H100 and H200 GPUs: the test suite, every chapter and the conformance
+#   matrix, against float64 references.
+# * **Compiled offline** for all five architectures, on a CPU with no GPU: `tools/arch_check.py`
+#   runs the library's own wrappers (every operation, forward, backward and decode step, every head
+#   dimension, dtype and chunk size) with a launch that records what would run instead of running
+#   it, compiles each recorded kernel configuration with Triton for each architecture, and compares
+#   its shared memory with that GPU's limit per block. CI does the same for the largest tiles of
+#   every kernel (`tests/test_architectures.py`). The T4, A100, L4 and RTX cards are compiled for,
+#   not run on: no numerical result of this book comes from them.
+#
+# A kernel whose software pipeline (several stages of tiles in flight) needs more shared memory
+# than the GPU has is launched with fewer stages — the same result, a little less overlap — and where
+# even one stage does not fit, the call raises an `InputError` that names the GPU. On a T4 (sm_75)
+# Triton compiles every tile product to ordinary fused multiply-adds on the CUDA cores, in every
+# dtype (its tensor-core path starts at sm_80; seen in the compiled PTX, which has no `mma`
+# instruction for sm_75): products still accumulate in float32, only slower. The table, read from
+# the recorded offline run:
+
+# %%
+from linattn import bench
+
+arch = bench.recorded_run("architectures.json")
+if arch is None:
+    print("book/data/architectures.json not found (e.g. on Colab without the data/ folder)")
+else:
+    print(f"offline compile, triton {arch['versions']['triton']}: {len(arch['configs'])} kernel "
+          f"configurations, each for every architecture")
+    for name, lim in arch["limits"].items():
+        rows = [row["archs"][name] for row in arch["configs"]]
+        fit = sum(r["fits"] for r in rows)
+        refused = sum("refused" in r for r in rows)
+        fallback = sum("fallback" in r for r in rows)
+        most = max(r["shared"] for r in rows if r["fits"]) / 1024
+        print(f"{name}, {lim['gpus']}, {lim['shared_bytes'] // 1024} KB per block: {fit} fit (using up to "
+              f"{most:.0f} KB), {fallback} fall back to another mode, {refused} refused with an InputError")
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        print(f"this GPU is sm_{major}{minor}:",
+              "in the table" if f"sm_{major}{minor}" in arch["limits"] else "not among the checked architectures")
+
+# %% [markdown]
 # ## Three levels, one signature
 #
 # Every operation — `linear_attn`, `gla`, `delta_rule`, `kda` — exists at each level with the same
