@@ -102,9 +102,10 @@ print({n: tuple(g.shape) for n, g in truth.items()})
 # $S_t = \operatorname{diag}(\alpha_t) S_{t-1} + k_t^\top v_t$ and $o_t = \text{scale}\cdot q_t S_t$:
 #
 # $$dq_t = \text{scale}\cdot do_t\, S_t^\top,\qquad dk_t = v_t\, dS^\top,\qquad dv_t = k_t\, dS,\qquad
-#   dg_t = \alpha_t \odot \textstyle\sum_v \big(S_{t-1} \odot dS\big)_{:,v},$$
+#   dg_t = \alpha_t \odot \textstyle\sum_\nu \big(S_{t-1} \odot dS\big)_{:,\nu},$$
 #
-# and after $t = 1$ the carried $dS_0$ is the gradient of the initial state. $dq_t$ and $dg_t$ need
+# with $\nu$ running over the value columns (as $\kappa$ runs over key dimensions), and after
+# $t = 1$ the carried $dS_0$ is the gradient of the initial state. $dq_t$ and $dg_t$ need
 # the forward's states $S_t$ — we recompute them and keep all $T+1$ (fine for a reference; the
 # chunkwise version below keeps one per chunk). One head, inline:
 
@@ -168,7 +169,7 @@ for op, gate in [("linear_attn", None), ("gla", "per_head"), ("delta_rule", None
 # the rescaling cancels — so
 #
 # $$\boxed{\frac{\partial L}{\partial b_t} = q_t \odot dq_t - k_t \odot dk_t
-#   + [t = T]\,\textstyle\sum_v (S_T \odot dS_T)_{:,v},\qquad
+#   + [t = T]\,\textstyle\sum_\nu (S_T \odot dS_T)_{:,\nu},\qquad
 #   dg_t = \sum_{s \ge t} \frac{\partial L}{\partial b_s}}$$
 #
 # **Sign convention.** $g \le 0$ is the log-decay, $b$ its running sum, and the decay from key $j$ to
@@ -220,7 +221,7 @@ assert max(e_ours, e_lib) < testing.tolerance(torch.float64) and e_seed > 1.9
 #   dk_j = \textstyle\sum_{i\ge j} dP_{ij}\,q_i\odot e^{b_i-b_j} + \Gamma_j\odot(V_j\,dS_{[n]}^\top),$$
 #
 # and the gate gradient by the closed form **inside the chunk**: $\partial L/\partial b_t =
-# q_t\odot dq_t - k_t\odot dk_t$ plus $\sum_v(S_{[n]}\odot dS_{[n]})_{:,v}$ at the chunk's
+# q_t\odot dq_t - k_t\odot dk_t$ plus $\sum_\nu(S_{[n]}\odot dS_{[n]})_{:,\nu}$ at the chunk's
 # last token (the chunk-level $S_T$ term: a chunk hands its state on), then a suffix sum over the
 # chunk. The two sums over $j$ and $i$ are the forward's $P$ tiles again, read along rows and along
 # columns: the same log-space tiles, the same secondary chunking. The code below multiplies the
@@ -510,7 +511,7 @@ assert all(x >= 0.9 * s for x, s in zip(held_extra, states))
 #   the incoming final-state gradient and ending at the initial state's. `linattn.naive.backward`
 #   has it for all four operations, equal to autograd to float64 rounding.
 # * **Closed-form gate gradient**: $\partial L/\partial b_t = q_t\odot dq_t - k_t\odot dk_t$ (plus
-#   $\sum_v S_T\odot dS_T$ at the end), $dg_t = \sum_{s\ge t}\partial L/\partial b_s$ — no state per token.
+#   $\sum_\nu S_T\odot dS_T$ at the end), $dg_t = \sum_{s\ge t}\partial L/\partial b_s$ — no state per token.
 #   Sign: $+$ on the query side; the sum runs to the end. For the delta rule the read key adds
 #   $+k\odot dk^{\text{read}}$.
 # * **Chunkwise**: a reverse pass over chunk states ($dS_{[n-1]} = \operatorname{diag}(\gamma)dS_{[n]} +

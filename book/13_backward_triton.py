@@ -88,7 +88,7 @@ DEV = linattn.device.default_device()
 #
 # and over the whole sequence ($t = 1, \dots, T$, $b_t$ summed from its start)
 #
-# $$\frac{\partial L}{\partial b_t} = q_t\odot dq_t - k_t\odot dk_t\ \ (+\textstyle\sum_v S_T\odot dS_T \text{ at } t=T),\qquad
+# $$\frac{\partial L}{\partial b_t} = q_t\odot dq_t - k_t\odot dk_t\ \ (+\textstyle\sum_\nu S_T\odot dS_T \text{ at } t=T),\qquad
 #   dg_t = \sum_{s\ge t}\frac{\partial L}{\partial b_s}.$$
 #
 # Two inputs of these formulas are not at hand after the forward: the state $S_{[n-1]}$ entering
@@ -255,7 +255,7 @@ assert max(errs.values()) < 1e-4
 # ## 4. The gate gradient: a reverse cumulative sum
 #
 # Chapter 12 (§3) showed that $dg$ needs no state per token:
-# $\partial L/\partial b_t = q_t\odot dq_t - k_t\odot dk_t$ (plus $\sum_v S_T\odot dS_T$ on the last
+# $\partial L/\partial b_t = q_t\odot dq_t - k_t\odot dk_t$ (plus $\sum_\nu S_T\odot dS_T$ on the last
 # token), and $dg_t = \sum_{s\ge t}\partial L/\partial b_s$. The kernels already hold $dq$, $dk$
 # in float32, so `_dqk_kernel` forms $\partial L/\partial b$ there, before they are rounded. What
 # is left is a reverse cumulative sum over $T$ — a scan, the one part of the gate gradient that is

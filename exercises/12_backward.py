@@ -64,11 +64,12 @@ from linattn.grade import check
 # Hence, with $dq$, $dk$ the full gradients of $q$ and $k$:
 #
 # $$\frac{\partial L}{\partial b_t} = q_t \odot dq_t - k_t \odot dk_t
-#   \;+\; [t = T]\,\textstyle\sum_v (S_T \odot dS_T)_{:,v},
+#   \;+\; [t = T]\,\textstyle\sum_\nu (S_T \odot dS_T)_{:,\nu},
 # \qquad dg_t = \sum_{s \ge t} \frac{\partial L}{\partial b_s}.$$
 #
 # Mind the sign (+ on the query side) and the direction of the sum (from the **end**: $g_t$ is
-# inside every $b_s$ with $s \ge t$). For gates of shape `[B, T, H]` sum the result over K.
+# inside every $b_s$ with $s \ge t$). $\nu$ runs over the value columns (`.sum(-1)` of a
+# `[..., K, V]` product). For gates of shape `[B, T, H]` sum the result over K.
 # `final_state` and `dfinal_state` are `[B, H, K, V]` or both `None`. Return `dg` in `g`'s dtype.
 #
 # Hint: `x.flip(1).cumsum(1).flip(1)` is the suffix sum along time.
@@ -90,7 +91,7 @@ check("ch12.gate_grad", gate_grad);
 #
 # $$dS \mathrel{+}= \text{scale}\cdot q_t^\top do_t,\quad dq_t = \text{scale}\cdot do_t S_t^\top,\quad
 #   dk_t = v_t\, dS^\top,\quad dv_t = k_t\, dS,$$
-# $$dg_t = e^{g_t} \odot \textstyle\sum_v (S_{t-1} \odot dS)_{:,v},\qquad
+# $$dg_t = e^{g_t} \odot \textstyle\sum_\nu (S_{t-1} \odot dS)_{:,\nu},\qquad
 #   dS \leftarrow \operatorname{diag}(e^{g_t})\, dS .$$
 #
 # After the walk $dS$ is the gradient of the initial state. Compute in float32 (float64 for
@@ -124,7 +125,7 @@ check("ch12.recurrent_backward", recurrent_gla_backward);
 # $$dS_{[n-1]} = \operatorname{diag}(\gamma)\, dS_{[n]} + \text{scale}\cdot(Q \odot \Lambda)^\top dO .$$
 #
 # 3. The gate gradient by the closed form **inside each chunk**: $\partial L/\partial b_t = q_t
-#    \odot dq_t - k_t \odot dk_t$, plus $\sum_v (S_{[n]} \odot dS_{[n]})_{:,v}$ at the chunk's
+#    \odot dq_t - k_t \odot dk_t$, plus $\sum_\nu (S_{[n]} \odot dS_{[n]})_{:,\nu}$ at the chunk's
 #    last position, then a suffix sum within the chunk.
 #
 # (Or multiply the queries by `scale` once, as the chapter's code does: with $\text{scale}\cdot q$
