@@ -12,8 +12,13 @@ kernels, so it is checked natively: the conformance suite (`linattn.conformance`
 | head dims K, V | any ≥ 1 | 1 … 256 |
 | chunk_size (GLA, linear attention) | any ≥ 1 (chunk) | a power of two, 16 … 256 |
 | chunk_size (DeltaNet, Gated DeltaNet, KDA) | any ≥ 1 (chunk) | 16, 32 or 64 |
-| sub_chunk_size (GLA) | a power of two dividing chunk_size | the same, ≥ 16 |
+| sub_chunk_size (GLA) | a power of two dividing chunk_size | the same, 16 … 64 |
 | GPUs | — | compute capability 7.5, 8.0, 8.6, 8.9, 9.0 |
+
+Per GPU, shared memory bounds what fits (tools/arch_check.py compiles every launch for each
+architecture, book/data/architectures.json): bf16/fp16 at chunk sizes up to 64 fit all five; float32,
+and larger chunks, can need more than the 99 KB per block of an RTX 30/40 or L4 (64 KB on a T4), and
+such a launch raises an InputError naming the GPU and what to do (triton/common.launch).
 """
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ from .validate import InputError, check_chunk
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256           # one tile holds a whole key row (K) beside a state block (V)
 MIN_TRITON_CHUNK = 16        # tl.dot needs every tile side ≥ 16
+# GLA's sub-chunk: its diagonal tiles are [c, K] float32 walks; at c = 256, K = 256 the forward's
+# intra kernel needs 256 KB of shared memory in bf16, more than any GPU has (compiled offline), and
+# the backward already takes at most 64.
+MAX_TRITON_SUB_CHUNK = 64
 MAX_TRITON_CHUNK = {"linear_attn": 256, "gla": 256, "delta_rule": 64, "kda": 64}
 # GLA and linear attention: a state step holds a chunk's k, v (and float32 gates) tiles at once,
 # 128 KB at C = 256 in bf16 (one pipeline stage, see triton/common.launch); C = 512 would not fit an
@@ -52,6 +61,10 @@ def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk
     """Refuse, before any launch, what linattn.triton does not support (the table above)."""
     check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=MIN_TRITON_CHUNK,
                 maximum=MAX_TRITON_CHUNK[op])
+    if sub_chunk_size is not None and sub_chunk_size > MAX_TRITON_SUB_CHUNK:
+        raise InputError(f"sub_chunk_size must be at most {MAX_TRITON_SUB_CHUNK} in linattn.triton, got "
+                         f"{sub_chunk_size} (a larger one gives the same result and does not fit a GPU's "
+                         "shared memory at large head dims)")
     for name, n in (("q", K), ("v", V)):
         if n > MAX_HEAD_DIM:
             raise InputError(f"{name} has head dimension {n}; linattn.triton supports head dimensions up "

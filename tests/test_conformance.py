@@ -230,7 +230,8 @@ def test_native_matrix_covers_its_promises():
 
 def test_chunk_options_are_what_the_api_accepts():
     assert matrix.chunk_options("delta_rule") == [(16, None), (32, None), (64, None)]
-    assert len(matrix.chunk_options("gla")) == 15 and (256, 256) in matrix.chunk_options("gla")
+    assert len(matrix.chunk_options("gla")) == 12 and (256, 64) in matrix.chunk_options("gla")
+    assert (256, 128) not in matrix.chunk_options("gla")                    # sub-chunks up to 64
     for variant in matrix.VARIANTS:
         sizes = sorted({C for C, _ in matrix.chunk_options(variant)})
         a = C.make(tiny(variant), "cpu")

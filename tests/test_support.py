@@ -44,3 +44,11 @@ def test_chunk_sizes_are_exactly_the_supported_ones(op):
     for C in (sizes[0] // 2, sizes[-1] * 2, 48):
         with pytest.raises(InputError, match="^chunk_size"):
             getattr(tri, fn)(**a, chunk_size=C, **kw)
+
+
+def test_gla_sub_chunks_past_the_range_are_refused():
+    fn, a = args("gla")
+    o, _ = tri.gla(**a, chunk_size=128, sub_chunk_size=support.MAX_TRITON_SUB_CHUNK)
+    assert o.shape == a["v"].shape
+    with pytest.raises(InputError, match="^sub_chunk_size must be at most 64"):
+        tri.gla(**a, chunk_size=128, sub_chunk_size=2 * support.MAX_TRITON_SUB_CHUNK)

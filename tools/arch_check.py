@@ -144,8 +144,7 @@ def calls(full: bool):
     shapes = [(1, 2, 300, 132), (2, 8, 300, 8)]
     if full:
         dims = [(d, d) for d in HEAD_DIMS] + [(64, 128), (128, 64), (16, 256), (256, 16)]
-        gla_chunks = [(C, c) for C in (16, 32, 64, 128, 256) for c in (16, 32, 64, C) if c <= C]
-        gla_chunks = sorted(set(gla_chunks))
+        gla_chunks = [(C, c) for C in (16, 32, 64, 128, 256) for c in (16, 32, 64) if c <= C]   # linattn.support
         delta_chunks = (16, 32, 64)
     else:   # the largest tiles of every kernel, every dtype: what CI compiles (`representative`)
         dims = [(128, 128), (256, 256)]
@@ -502,13 +501,9 @@ def may_refuse(row, cc: int) -> bool:
     """Where a launch may be refused (common.launch's InputError naming the GPU) rather than fit:
     - float32 tiles (twice the bytes of bf16/fp16) on GPUs with less shared memory per block than an
       A100 (T4, RTX 30/40, L4);
-    - on those GPUs, bf16/fp16 tiles of chunks larger than the default 64;
-    - on every GPU, GLA's intra-chunk kernel with sub-chunks of 256 at K = 256 (a 256 × 256 tile of
-      keys and one of gates with its pipeline: 256 KB in bf16, more than any of them has).
-    Everything else must fit every architecture."""
-    example = row.get("example", "")
-    if row["kernel"] == "_intra_kernel" and " c=256 " in example and "K=256 " in example:
-        return True
+    - on those GPUs, bf16/fp16 tiles of chunks larger than the default 64.
+    Everything else must fit every architecture (GLA's sub-chunks above 64, which fit no GPU at
+    K = 256, are outside linattn.support's range and refused before any launch)."""
     if cc not in (75, 86, 89):
         return False
     if not half_precision(row):

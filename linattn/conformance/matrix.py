@@ -58,12 +58,12 @@ def delta_family(variant: str) -> bool:
 def chunk_options(variant: str) -> list[tuple[int, int | None]]:
     """Every (chunk_size, sub_chunk_size) the Triton level accepts for `variant`, read from its
     supported range (linattn.support); GLA with per-dimension gates also
-    every sub-chunk size (a power of two ≥ 16 dividing the chunk). sub_chunk_size None: the
+    every sub-chunk size (a power of two from 16 to 64 dividing the chunk). sub_chunk_size None: the
     function takes none (linear attention, the delta rules) or ignores it (per-head gates)."""
     from .. import support
     sizes = list(support.triton_chunk_sizes(VARIANTS[variant][0]))
     if variant == "gla":
-        return [(C, c) for C in sizes for c in sizes if c <= C]
+        return [(C, c) for C in sizes for c in sizes if c <= min(C, support.MAX_TRITON_SUB_CHUNK)]
     return [(C, None) for C in sizes]
 
 

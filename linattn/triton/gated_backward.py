@@ -59,9 +59,6 @@ from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
 last_launch: dict = {}
-# Sub-chunks of the backward's intra kernel are at most this long: its tiles are [c, K] float32
-# and the gradient is the same for every sub-chunk size.
-MAX_SUB_CHUNK = 64
 # Width of the K- and V-blocks of the gradient kernels: their float32 accumulators are [64, 64] at
 # most, whatever K is (K = 256 in one block would be [64, 256] twice, far over the registers).
 GRAD_BLOCK = 64
@@ -471,7 +468,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     gate = gate_kind(g)
     B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
     C = chunk_size
-    c = min(sub_chunk_size, chunk_size, MAX_SUB_CHUNK) if gate == DIM_GATE else min(C, ROW_BLOCK)
+    c = min(sub_chunk_size, chunk_size) if gate == DIM_GATE else min(C, ROW_BLOCK)   # ≤ 64: linattn.support
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
