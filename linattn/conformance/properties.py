@@ -78,12 +78,18 @@ def causality(case, device, row):
                  else float("inf"), gtol)
 
 
-def prefix_suffix(case, device, row):
+def _whole(case, device, row):
+    """The case's inputs, upstream gradients and our whole-sequence result (o, S, gradients)."""
     a = C.make(case, device)
     dO, dS = C.upstream(case, device)
-    tol, gtol = _tols(case)
     o, S, g, bad = C.ours(case, a, dO, dS, final=True, dht=True)
     row["guards"] += bad
+    return a, dO, dS, (o, S, g)
+
+
+def prefix_suffix(case, device, row):
+    a, dO, dS, (o, S, g) = _whole(case, device, row)
+    tol, gtol = _tols(case)
     fn = C.triton_fn(case)
     for t in sorted({case["chunk_size"], case["T"] * 3 // 8 + 1}):      # a chunk boundary, and not
         if not 0 < t < case["T"]:
@@ -105,11 +111,8 @@ def prefix_suffix(case, device, row):
 
 
 def batch_rows(case, device, row):
-    a = C.make(case, device)
-    dO, dS = C.upstream(case, device)
+    a, dO, dS, (o, S, g) = _whole(case, device, row)
     tol, gtol = _tols(case)
-    o, S, g, bad = C.ours(case, a, dO, dS, final=True, dht=True)
-    row["guards"] += bad
     same = True
     for b in range(case["B"]):
         one = {n: x[b:b + 1].contiguous() for n, x in a.items()}
