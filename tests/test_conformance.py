@@ -85,7 +85,21 @@ def test_summary_budget_and_exit_status(run, capsys):
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     assert tool.main(["--summarize", str(out)]) == 1                            # crashes fail the run
-    assert json.loads((out / "summary.json").read_text())["counts"]["crash"] == 2
+    whole = json.loads((out / "summary.json").read_text())
+    assert whole["counts"]["crash"] == 2
+    # a run split over calls by --only, merged into one summary
+    rows = runner.read_jsonl(out / "results.jsonl")
+    parts = [out / "part1", out / "part2"]
+    for i, d in enumerate(parts):
+        d.mkdir()
+        (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows
+                                                 if (r["variant"] in ("kda", "delta_rule")) == (i == 0)))
+        (d / "summary.json").write_text(json.dumps({"env": dict(tool.environment([]), command=f"part {i}")}))
+    assert tool.main(["--summarize", *map(str, parts), "--out", str(out / "merged"), "--size", "cpu"]) == 1
+    merged = json.loads((out / "merged" / "summary.json").read_text())
+    assert merged["counts"] == whole["counts"] and merged["env"]["command"] == "part 0 + part 1"
+    with pytest.raises(SystemExit, match="share cases"):
+        tool.main(["--summarize", str(parts[0]), str(parts[0]), "--out", str(out / "twice")])
     # the recorded budget, as book/data keeps runs: no clock time, nothing that reads as a commit
     s["budget"]["kda"]["float32"]["_fla"] = {"refused": 1, "crashed": 0, "msg": "failed at 7f81ff8005e0, 12:00 UTC"}
     tool.record(out / "budget.json", tool.environment([]), s, size="cpu")

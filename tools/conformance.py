@@ -5,6 +5,9 @@ at the Triton level against float64 references on the same device, in worker pro
                                 [--max-seconds S] [--timeout S] [--reference naive|chunk|auto]
                                 [--per-variant N]
     python tools/conformance.py --summarize DIR        (the summary again, from DIR/results.jsonl)
+    python tools/conformance.py --summarize DIR1 DIR2 … --out DIR [--record]
+                                                       (one summary and budget over runs split by --only,
+                                                        e.g. one device call per group of variants)
     python tools/conformance.py --size native --list   (the cases, one line each, and the coverage)
 
 Prints a line per case as it finishes; writes DIR/results.jsonl row by row, DIR/summary.json and
@@ -70,15 +73,12 @@ def main(argv=None) -> int:
                     help="float64 reference: the token loop, the chunk level, or the chunk level past T = 1024")
     ap.add_argument("--record", action="store_true", help=f"write the error budget to {RECORD.relative_to(ROOT)}")
     ap.add_argument("--list", action="store_true", help="print the cases and the coverage, run nothing")
-    ap.add_argument("--summarize", metavar="DIR", help="rebuild DIR's summary from its results.jsonl")
+    ap.add_argument("--summarize", metavar="DIR", nargs="+",
+                    help="rebuild the summary from these runs' results.jsonl (several: merged into --out)")
     a = ap.parse_args(argv)
 
     if a.summarize:
-        out = Path(a.summarize)
-        rows = runner.read_jsonl(out / "results.jsonl")
-        s, md = write_summary(out, rows)
-        print(md)
-        return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
+        return summarize([Path(d) for d in a.summarize], Path(a.out), a)
 
     cases = matrix.cases(a.size, only=a.only, per_variant=a.per_variant)
     if a.list:
@@ -109,6 +109,30 @@ def main(argv=None) -> int:
     print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.md'}")
     if a.record:
         record(RECORD, env, s, size=a.size, only=a.only, total=len(cases))
+        print(f"recorded: {RECORD.relative_to(ROOT)}")
+    return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
+
+
+def summarize(dirs: list[Path], out: Path, a) -> int:
+    """The summary (and with --record the budget) of finished runs: one directory again, or several
+    runs of disjoint variants merged, so the matrix can be split over several device calls."""
+    rows = [r for d in dirs for r in runner.read_jsonl(d / "results.jsonl")]
+    if len(dirs) > 1:
+        ids = [r["id"] for r in rows]
+        if len(set(ids)) != len(ids):
+            raise SystemExit("--summarize: the runs share cases; merge runs of disjoint --only groups")
+    else:
+        out = dirs[0]
+    envs = [json.loads((d / "summary.json").read_text()).get("env") for d in dirs if (d / "summary.json").exists()]
+    env = dict(envs[0], command=" + ".join(e["command"] for e in envs)) if envs and all(envs) else None
+    out.mkdir(parents=True, exist_ok=True)
+    total = len(matrix.cases(a.size, only=a.only, per_variant=a.per_variant)) if len(dirs) > 1 or a.record else None
+    s, md = write_summary(out, rows, total=total, not_run=max(total - len(rows), 0) if total else 0, env=env)
+    print(md)
+    if a.record:
+        if env is None:
+            raise SystemExit("--record needs each run's summary.json (device, versions, command)")
+        record(RECORD, env, s, size=a.size, only=a.only, total=total)
         print(f"recorded: {RECORD.relative_to(ROOT)}")
     return 1 if any(r.get("status") in runner.FAILED for r in rows) else 0
 
