@@ -84,8 +84,9 @@ def contiguous(*xs):
 # out wrong or faulted with an illegal memory access on an H200, while the interpreter computed it
 # right: DeltaNet / Gated DeltaNet / KDA backward at K = V = 16, linear attention's dv at K = 256
 # (32-column V-blocks). Padding to 32 (masked) and 4 warps for narrow tiles remove the whole class;
-# they cost nothing at the head dimensions models use (K, V ≥ 64). tests/test_native_tiles.py keeps
-# the probe that found it.
+# they cost nothing at the head dimensions models use (K, V ≥ 64). A lone tl.dot of each such shape was
+# right natively: it is how these kernels compile as a whole. tests/test_native_regressions.py keeps
+# the shapes that failed, docs/native_correctness.md what each showed.
 MIN_TILE = 32
 WIDE_TILE = 64
 

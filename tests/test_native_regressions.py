@@ -1,0 +1,45 @@
+"""The shapes at which compiled Triton kernels went wrong on an H200 (Triton 3.6) while the interpreter
+was right, kept as cases of the conformance suite (linattn.conformance): natively they guard the rules
+in linattn/triton/common.py (MIN_TILE, warps) and the reverse pass's 64-wide V-blocks; on a CPU the
+interpreter runs the small ones (they pass there with or without the rules, which is the point of
+running them natively). docs/native_correctness.md lists what each one caught."""
+import pytest
+
+from linattn import device
+from linattn.conformance import case as C
+from linattn.conformance import matrix, runner
+
+DEV = device.default_device()
+GPU = DEV == "cuda"
+
+
+def regression(variant, K, V, T, dtype, *, B=1, H=2, chunk=64, strength="normal", seed=0):
+    c = matrix._case(seed, "regression", variant, K=K, V=V, T=T, dtype=dtype, chunk=(chunk, 16 if variant == "gla" else None),
+                     strength=strength if matrix.gated(variant) else None, flags=(True, True, True), bh=(B, H))
+    return {**c, "fla": False}
+
+
+CASES = [
+    # K = V = 16, one chunk: the per-chunk reductions (bf16, 8 warps) and the float32 reverse pass
+    # (16-wide V-blocks) of the delta rules
+    *[regression(v, 16, 16, T, dt) for v in ("delta_rule", "gated_delta_rule", "kda")
+      for T in (2, 63) for dt in ("float32", "bfloat16")],
+    regression("delta_rule", 16, 32, 63, "float32"),
+]
+if GPU:
+    CASES += [
+        # linear attention at K = 256: dv's 32-column V-blocks with 8 warps
+        *[regression("linear_attn", 256, 256, T, dt) for T in (64, 257, 1000) for dt in ("bfloat16", "float16")],
+        regression("linear_attn", 256, 64, 257, "bfloat16"),
+        # K = V = 128 with few heads and short sequences: the reverse pass with the forward's narrow blocks
+        *[regression(v, 128, 128, T, dt, B=1, H=3) for v in ("delta_rule", "gated_delta_rule", "kda")
+          for T in (1, 16, 64) for dt in ("bfloat16", "float16")],
+        # GLA behind a reset of −30 … −100: the gate floor must change no float32 product
+        regression("gla", 256, 16, 466, "bfloat16", strength="reset", seed=127),
+    ]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: runner.describe(c).replace(" ", "-"))
+def test_native_regression(case):
+    row = C.run(case, DEV)
+    assert row["status"] == "pass", (row.get("failed"), row.get("err"))
