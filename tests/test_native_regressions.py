@@ -13,9 +13,10 @@ DEV = device.default_device()
 GPU = DEV == "cuda"
 
 
-def regression(variant, K, V, T, dtype, *, B=1, H=2, chunk=64, strength="normal", seed=0):
-    c = matrix._case(seed, "regression", variant, K=K, V=V, T=T, dtype=dtype, chunk=(chunk, 16 if variant == "gla" else None),
-                     strength=strength if matrix.gated(variant) else None, flags=(True, True, True), bh=(B, H))
+def regression(variant, K, V, T, dtype, *, B=1, H=2, chunk=(64, None), strength="normal", seed=0,
+               flags=(True, True, True)):
+    c = matrix._case(seed, "regression", variant, K=K, V=V, T=T, dtype=dtype, chunk=chunk,
+                     strength=strength if matrix.gated(variant) else None, flags=flags, bh=(B, H))
     return {**c, "fla": False}
 
 
@@ -35,7 +36,8 @@ if GPU:
         *[regression(v, 128, 128, T, dt, B=1, H=3) for v in ("delta_rule", "gated_delta_rule", "kda")
           for T in (1, 16, 64) for dt in ("bfloat16", "float16")],
         # GLA behind a reset of −30 … −100: the gate floor must change no float32 product
-        regression("gla", 256, 16, 466, "bfloat16", strength="reset", seed=127),
+        regression("gla", 256, 16, 466, "bfloat16", H=1, chunk=(64, 64), strength="reset", seed=127,
+                   flags=(True, True, False)),
     ]
 
 
