@@ -107,7 +107,7 @@ def recording(sms: int = 132):
         return types.SimpleNamespace(n_regs=0, n_spills=0, metadata=types.SimpleNamespace(shared=0))
 
     def no_device_check(q):
-        if q.dtype not in common.KERNEL_DTYPES:
+        if q.dtype not in common.TRITON_DTYPES:
             raise common.InputError(f"q has dtype {q.dtype}")
 
     patched = [(JITFunction, "run", fake_run)]

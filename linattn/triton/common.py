@@ -38,7 +38,6 @@ def _check_import_order() -> None:
 
 
 _check_import_order()
-KERNEL_DTYPES = TRITON_DTYPES
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
@@ -65,7 +64,7 @@ def split_dtype(ieee: bool):
 
 def check_kernel_inputs(q) -> None:
     """What the kernels add to linattn.validate: a dtype they compute in, a device they run on."""
-    if q.dtype not in KERNEL_DTYPES:
+    if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or "
                          "float32 (use linattn.chunk or linattn.naive for float64)")
     if not interpreting() and not q.is_cuda:
@@ -95,6 +94,12 @@ def block(n: int, minimum: int = MIN_TILE) -> int:
     """Smallest power of two ≥ n and ≥ minimum (tl.dot needs every side ≥ 16; head-dim tiles use
     MIN_TILE, see above); masks cover the rest."""
     return max(triton.next_power_of_2(n), minimum)
+
+
+def tile(n: int, cap: int) -> int:
+    """A head-dimension tile for n columns at most `cap` wide, never narrower than MIN_TILE (also
+    where tuning or a test asks for less)."""
+    return min(block(n), max(cap, MIN_TILE))
 
 
 def warps(want: int, *widths: int) -> int:

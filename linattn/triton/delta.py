@@ -35,7 +35,7 @@ from ..naive.delta import check_keys
 from ..support import check_triton
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, launch,
-                     num_sms)
+                     num_sms, tile)
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
@@ -57,11 +57,11 @@ def state_block(V, BH, sms=None):
     still more programs, but in float32 the backward's reverse pass computed wrong state gradients
     with them natively (K = 16 or V ≤ 32, one chunk; common.MIN_TILE). `sms`: this GPU's by default."""
     if TUNING["bv_state"]:
-        return min(block(V), max(TUNING["bv_state"], MIN_TILE))
+        return tile(V, TUNING["bv_state"])
     sms = num_sms() if sms is None else sms
-    if BH * triton.cdiv(V, min(block(V), 64)) >= sms:
-        return min(block(V), 64)
-    return min(block(V), MIN_TILE)
+    if BH * triton.cdiv(V, tile(V, 64)) >= sms:
+        return tile(V, 64)
+    return tile(V, MIN_TILE)
 
 
 
@@ -156,7 +156,7 @@ def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype, g=None):
     if p.gate == 1 and g is None:
         raise InputError("g: output_stage of Gated DeltaNet needs the per-head log-gates")
     o = outputs.empty((p.B, p.T, p.H, p.V), dtype=out_dtype, device=p.device)
-    BV = min(block(p.V), max(TUNING["bv_out"], MIN_TILE))
+    BV = tile(p.V, TUNING["bv_out"])
     launch(                                 # launch: fewer stages where the GPU has less shared memory
         _output_kernel, (triton.cdiv(p.V, BV), p.NT, p.B * p.H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,

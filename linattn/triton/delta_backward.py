@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import first_order
-from .common import MIN_TILE, block, contiguous, gate_floor, launch, stage, warps
+from .common import contiguous, gate_floor, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
 from .wy_backward import gate_stage, mm, precise
 
@@ -140,7 +140,7 @@ def dstate_stage(q, g, wy, do, dht, p):
     dhs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
-    BV = min(block(V), max(TUNING["bv_state"], MIN_TILE))
+    BV = tile(V, TUNING["bv_state"])
     launch(_dstate_kernel, (triton.cdiv(V, BV), B * H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
@@ -161,7 +161,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
                  ddl=outputs.empty((B, H, p.NT, K), **f32))
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
-    BV = min(block(V), max(TUNING["bv_chunk"], MIN_TILE))
+    BV = tile(V, TUNING["bv_chunk"])
     launch(_dchunk_kernel, (p.NT, B * H),
         v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,

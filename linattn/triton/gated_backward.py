@@ -462,7 +462,8 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
     do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); h, A, b: the
-    states, intra matrix and cumulated gates kept by the forward (recomputed when None). dg is None without gates, ds0 None without s0.
+    states, intra matrix and cumulated gates kept by the forward (recomputed when None). dg is None
+    without gates, ds0 None without s0.
     timer: a dict that receives the milliseconds of each stage (chapter 13, tools/bench.py).
     """
     gate = gate_kind(g)

@@ -184,7 +184,7 @@ def _diag_walk(Ks, Qs, k, g, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.co
         tj = n * C + i * BS + jj
         rj = (i * BS + jj) * H
         gn = gate_floor(tl.load(g + (rj + H) * K + dk, mask=(dk < K) & (tj + 1 < T) & (jj + 1 < BS),
-                     other=0.0))
+                                other=0.0))
         E = tl.where(r[:, None] == jj, 1.0, E * tl.exp(gn)[None, :])              # [16, BK]
         kj = tl.load(k + rj * K + dk, mask=(dk < K) & (tj < T), other=0.0).to(tl.float32)  # [BK]
         wj = E * kj[None, :]

@@ -216,7 +216,7 @@ def _columns(q, k, g, beta, da, daqk, scale, n, T, H, K: tl.constexpr, C: tl.con
         j = C - 1 - c
         tj = n * C + j
         gn = gate_floor(tl.load(g + (j + 1) * H * K + dk_, mask=mkk & (tj + 1 < T) & (j + 1 < C),
-                     other=0.0))                                    # [BK] g_{j+1}
+                                other=0.0))                         # [BK] g_{j+1}
         E = E * tl.exp(gn)[None, :]
         E = tl.where(jc[:, None] == j, 1.0, E)
         kj = tl.load(k + j * H * K + dk_, mask=mkk & (tj < T), other=0.0).to(tl.float32)  # [BK]
