@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .validate import InputError, check_chunk
+from .validate import InputError, check_chunk, refuse_func_transforms
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256           # one tile holds a whole key row (K) beside a state block (V)
@@ -58,7 +58,9 @@ def triton_chunk_sizes(op: str) -> tuple[int, ...]:
 
 
 def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk_size=None) -> None:
-    """Refuse, before any launch, what linattn.triton does not support (the table above)."""
+    """Refuse, before any launch, what linattn.triton does not support (the table above), and
+    torch.func transforms, which its hand-written autograd.Functions cannot pass."""
+    refuse_func_transforms(f"linattn.triton.{op}")
     check_chunk(chunk_size, sub_chunk_size, power_of_two=True, minimum=MIN_TRITON_CHUNK,
                 maximum=MAX_TRITON_CHUNK[op])
     if sub_chunk_size is not None and sub_chunk_size > MAX_TRITON_SUB_CHUNK:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -330,12 +329,6 @@ def check_inputs(q, k, v, *, g=None, beta=None, scale=None, initial_state=None, 
         _fail("linattn operations do not support torch.func.vmap at any level (the naive level "
               "writes its outputs in place, the others run hand-written autograd.Functions); "
               "every operation is batched already: stack the inputs along B (or H)")
-    if active:
-        # The Triton level's backward is an autograd.Function (the chunk level refuses by itself):
-        # read which function called, only while a transform runs.
-        caller = sys._getframe(1)
-        if caller.f_globals.get("__name__", "").startswith("linattn.triton"):
-            refuse_func_transforms(f"linattn.triton.{caller.f_code.co_name}")
     if checking_values(q):
         for name, x in (("q", q), ("k", k), ("v", v)):
             check_finite(name, x)
