@@ -588,13 +588,15 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
     or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
-    Stored in the dtype the output kernel multiplies it in (the input's natively, float32 under
-    the interpreter or for float32 inputs). Also the inter-chunk half of the work, timed alone in
-    chapter 10. Fills sT [B, H, K, V] with the final state when given.
+    Stored in `dtype`; by default in the dtype the output kernel multiplies it in (the input's
+    natively, float32 under the interpreter or for float32 inputs). The backward asks for float32:
+    its gate gradient sums h ⊙ D elementwise, where a bf16 h costs the gradient its precision.
+    Also the inter-chunk half of the work, timed alone in chapter 10. Fills sT [B, H, K, V] with
+    the final state when given.
     """
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
@@ -604,7 +606,9 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64):
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
-    h = outputs.empty((B, H, NT, K, V), dtype=torch.float32 if IEEE else k.dtype, device=k.device)
+    if dtype is None:
+        dtype = torch.float32 if IEEE else k.dtype
+    h = outputs.empty((B, H, NT, K, V), dtype=dtype, device=k.device)
     SK, SV, stages = state_config(K, V, B * H, gate)                   # every entry of h written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),

@@ -388,12 +388,12 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K,
         m_kv = kmask[:, None] & vmask[None, :]
         do_t = tl.load(do + v_base + rows[:, None] * H * V + offs_v[None, :], mask=m_rv, other=0.0).to(COMPUTE)
         v_t = tl.load(v + v_base + rows[:, None] * H * V + offs_v[None, :], mask=m_rv, other=0.0).to(COMPUTE)
-        h_n = tl.load(h + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0).to(COMPUTE)
-        D = tl.load(dh + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0).to(COMPUTE)
-        dq_s += dot(do_t, tl.trans(h_n), IEEE)                                                 # [BR, BK]
-        dk_s += dot(v_t, tl.trans(D), IEEE)                                                    # [BR, BK]
+        h_n = tl.load(h + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0)   # [BK, BV] f32
+        D = tl.load(dh + s_base + offs_k[:, None] * V + offs_v[None, :], mask=m_kv, other=0.0)     # [BK, BV] f32
+        dq_s += dot(do_t, tl.trans(h_n.to(COMPUTE)), IEEE)                                     # [BR, BK]
+        dk_s += dot(v_t, tl.trans(D.to(COMPUTE)), IEEE)                                        # [BR, BK]
         if GATE != 0:
-            hD += tl.sum(h_n.to(tl.float32) * D.to(tl.float32), axis=1)                       # [BK]
+            hD += tl.sum(h_n * D, axis=1)                                                      # [BK], float32
     m = rmask[:, None] & kmask[None, :]
     p = base + rows[:, None] * H * K + offs_k[None, :]
     dq_s = scale * dq_s
@@ -458,6 +458,14 @@ def gate_kind(g) -> int:
     return NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
 
 
+def state_dtype(gate: int):
+    """The dtype of the states h and their gradients D in the backward: float32 with gates, whose
+    gradient e^{b_C} ⊙ Σ_v h ⊙ D is an elementwise sum that bf16 states round to three digits
+    (FLA keeps them in float32 for the same reason); without gates None (the dtype the products
+    with dO and v take anyway)."""
+    return None if gate == NO_GATE else torch.float32
+
+
 def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
@@ -482,12 +490,12 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
         if b is None:
             b = gated.gate_sums(g, C)                                  # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C)
+            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
     # 1. reverse pass over the chunks: D for every chunk, dinitial_state
-    dh = outputs.empty((B, H, NT, K, V), dtype=h.dtype, device=dev)       # every entry written
+    dh = outputs.empty((B, H, NT, K, V), dtype=state_dtype(gate) or h.dtype, device=dev)   # every entry written
     ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
     dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
@@ -585,7 +593,7 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
     b = gated.gate_sums(g, C)
     A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
+    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
@@ -603,7 +611,7 @@ class GatedAttention(torch.autograd.Function):
     paper: they are the large intermediate (K·V numbers per chunk). For per-dimension gates it keeps
     the cumulated gates b [B, T, H, K] and the intra matrix A [B, T, H, C] from the forward, as FLA
     does: input-sized, and computing A again cost about as much as the states. recompute=False keeps
-    h as well: more memory, one kernel fewer.
+    h as well (in float32, as the backward recomputes it): more memory, one kernel fewer.
     """
 
     @staticmethod
