@@ -216,7 +216,7 @@ print("float32 tolerance:", testing.tolerance(torch.float32))
 # * **resource limits**: registers, shared memory and spills do not exist there; a tile that is
 #   far too big for a real GPU runs fine.
 # * **races and miscompiles**: programs never overlap, and the compiler never runs. A kernel can be
-#   right in the interpreter and wrong natively (`docs/perf_notes.md` records one: a variant of
+#   right in the interpreter and wrong natively (`docs/performance.md` records one: a variant of
 #   the delta rules' W/U kernel, exact under the interpreter, gave wrong W natively for bf16 at
 #   head sizes 16 and 32) — so the
 #   library's tests, and every chapter and workbook, also run natively on a GPU

@@ -857,7 +857,7 @@ else:
 #   falls to $C = 64$ and then rises slightly, intra rises from 64 to 256 as in the paper and is
 #   larger below 64, where reading every chunk's state dominates; $C = 64$ is fastest.
 #
-# Notes on how the recorded numbers were measured are in `docs/perf_notes.md`.
+# How the recorded numbers were measured, kernel by kernel, is in `docs/performance.md`.
 #
 # **Workbook:** [`exercises/10_gla_triton.py`](../exercises/10_gla_triton.py) — build the
 # cumulative gates, the intra-chunk tiles and the state pass yourself, checked against this

@@ -260,7 +260,7 @@ def environment() -> dict:
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     # The day, not the hour: a recorded run is quoted in the book by its setting; which commit ran
-    # it belongs in docs/perf_notes.md and the git log.
+    # it belongs in the git log (docs/performance.md names the command that produced it).
     return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
             "python": platform.python_version()}

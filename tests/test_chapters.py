@@ -1,6 +1,6 @@
 """The book reads as a textbook: no run histories in its text, and every chapter points to its workbook.
 
-Commit hashes, clock times ("… UTC") and issue numbers belong in docs/perf_notes.md and git, not in
+Commit hashes, clock times ("… UTC") and issue numbers belong in the git log, not in
 chapters, workbooks or library comments: a reader needs the setting that produced a number
 (device, versions, date), not the story of the runs.
 """
@@ -38,7 +38,7 @@ def history_hits(roots) -> list[str]:
 
 
 # Keys of recorded data whose strings are not text (none: a recorded run carries its day, device
-# and versions, never a clock time or a commit; those belong in docs/perf_notes.md).
+# and versions, never a clock time or a commit; the commit that ran it belongs in the git log).
 PROVENANCE: set = set()
 
 

@@ -15,7 +15,7 @@ every gate strength with every dtype (gated variants), every chunk size (and GLA
 Triton level accepts, initial state and final-state gradient on and off, odd B and H.
 
 Compilation dominates a cold native run (one Triton specialisation per K, V, dtype, chunk size:
-seconds to a minute each, docs/perf_notes.md), so the promises are laid onto few specialisations:
+seconds to a minute each, docs/performance.md), so the promises are laid onto few specialisations:
 the K × V grid carries the chunk sizes and rotates the dtype; the lengths, the strengths, FLA and
 the extra random cases reuse one core shape per dtype (K = V = 128, the default chunk).
 """

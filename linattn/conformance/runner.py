@@ -30,7 +30,7 @@ from pathlib import Path
 
 FAILED = ("fail", "error", "crash", "timeout")
 TENSORS = ("o", "S", "dq", "dk", "dv", "dg", "dbeta", "dh0", "decode.o", "decode.S")
-# relative compile cost per variant (docs/perf_notes.md: KDA's kernels ≈ 3.6 s each, DeltaNet's 1.2)
+# relative compile cost per variant (docs/performance.md: KDA's kernels ≈ 3.6 s each, DeltaNet's 1.2)
 COMPILE_WEIGHT = {"linear_attn": 1.0, "gla": 1.5, "simple_gla": 1.2, "delta_rule": 2.0,
                   "gated_delta_rule": 2.5, "kda": 5.0}
 # the runner's own checks (tests/test_conformance.py): a case whose `check` names one of these makes

@@ -38,7 +38,7 @@ from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contig
                      num_sms, tile)
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
-# Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/perf_notes.md.
+# Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/performance.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
 # bv_state=None lets `state_block` choose from the number of SMs. State pass at T = 32k, B·H = 16
 # (H200, bf16): BV 16 with 4 warps was fastest for DeltaNet (0.86 ms; 8 warps 0.98, BV 32 0.94), but
@@ -53,7 +53,7 @@ def state_block(V, BH, sms=None):
     """V-block of the state pass: 64 wide if that still gives every SM a program, else MIN_TILE.
 
     B·H·⌈V/BV⌉ programs walk the chunks in order; with one sequence of 16 heads, 64-wide blocks
-    leave most of an H200's 132 SMs idle (docs/perf_notes.md). 16-wide blocks gave a long sequence
+    leave most of an H200's 132 SMs idle (docs/performance.md). 16-wide blocks gave a long sequence
     still more programs, but in float32 the backward's reverse pass computed wrong state gradients
     with them natively (K = 16 or V ≤ 32, one chunk; common.MIN_TILE). `sms`: this GPU's by default."""
     if TUNING["bv_state"]:

@@ -285,7 +285,7 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, 
         # A fresh tensor for the operand, as the .to() makes for half precision. Natively (Triton
         # 3.6, H200) float32 fused mode failed its test while float32 states mode and bf16/fp16
         # fused passed; the difference is the loop-carried accumulator S feeding a dot directly.
-        # Unverified workaround: docs/perf_notes.md.
+        # Unverified workaround: docs/performance.md.
         Sc = tl.where((offs_v < V)[None, :], S, 0.0)
     else:
         Sc = S.to(COMPUTE)
@@ -429,7 +429,7 @@ def blocks(K: int, V: int):
 
 def state_config(K: int, V: int, BH: int, gate: int, sms=None):
     """(BK, BV, pipeline stages) of the state pass (`chunk_states`). From sweeps on an H200 (bf16,
-    K = V = 128, 16 heads, 32768 tokens, T = 1k–32k; docs/perf_notes.md), state pass alone:
+    K = V = 128, 16 heads, 32768 tokens, T = 1k–32k; docs/performance.md), state pass alone:
     - while 64×64 blocks give at most half the SMs a program (B·H = 16 here), a narrower block
       and 4 stages: per-head gates 32×64 (0.28 ms against 0.39 for 64×64), no gate 64×32 (0.22
       against 0.30; 32×64 took 0.53);
@@ -511,7 +511,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     (bf16, K = V = 128, 32768 tokens) that output kernel takes 0.38 ms, and the whole forward
     0.78–1.17 ms, against 0.30 ms plus 0.42 for A from secondary chunking (1.08–1.48 ms).
     Building the secondary-chunking tiles inside the output kernel instead was slower: 3.24 ms
-    against 1.88 ms for separate kernels (docs/perf_notes.md).
+    against 1.88 ms for separate kernels (docs/performance.md).
 
     Per-head gates are summed by the same launch: scanning them inside the sequential chunk loop
     put 27 barriers and 21 shuffles per chunk on its critical path (sm_90) against 17 and 0. On an
