@@ -104,9 +104,10 @@ DEV = linattn.device.default_device()
 # they serve). Where the 16×16 blocks of a $C\times C$ matrix are needed, they are
 # ten separate variables from the start. The library exposes the stages one by one (`plan`,
 # `factor_stage`, `wu_stage`, together `wy_stage`; then `state_stage`, `output_stage`), and we
-# use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default, FLA's fixed chunk too); a
-# larger `chunk_size` is refused by name, because on the H200 DeltaNet at $C = 128$ in float32 and
-# KDA at $C = 256$ in bf16 ($K = V = 128$) had not finished compiling after minutes.
+# use that to check each on its own. The chunk $C$ is a power of two from 16 to 64 (64 by default,
+# FLA's fixed chunk too); a larger `chunk_size` is refused by name: stage 1 holds a chunk's
+# $C\times C$ blocks in registers, and compiling it for $C = 128$ or $256$ at $K = V = 128$ takes
+# many minutes per specialisation, far past any use.
 
 # %%
 B, T, H, K, V, C = 1, pick(cpu=80, gpu=1000), 2, 32, 48, pick(cpu=32, gpu=64)
@@ -497,7 +498,7 @@ if rows:
 # every length, Gated DeltaNet level with it at short $T$ and ahead at long $T$.** The gap is
 # widest at long $T$, where FLA's sequential state pass is slower than ours (below). Against the
 # memory floor (every input read once and the output written once at the copy bandwidth
-# measured in the same run) all three are still 6–9× away: stage 1 does many small dense
+# measured in the same run) all three are still several times away (printed above): stage 1 does many small dense
 # products per chunk, far more work than the bytes it moves. The relative errors are within the
 # bf16 tolerance ($10^{-2}$).
 #
@@ -508,46 +509,59 @@ if rows:
 #    block out with a masked sum) — natural in NumPy. Natively it faulted in bf16, and the scores
 #    took most of KDA's time (the table below, recorded on an H200).
 # 2. **One kernel on 2-D tiles only**, blocks moved in and out of the $C\times C$ matrix by exact
-#    dots with 0/1 matrices and a serial inverse. No fault, but still slow: KDA about 12 ms at
-#    $T = 1$k, DeltaNet 3–4× slower than design 1; a per-kernel profile (`tools/profile_ops.py`)
-#    put nearly all of it in that one kernel, in the placement dots and the serial inverse.
+#    dots with 0/1 matrices and a serial inverse. No fault, but slower still for DeltaNet and not
+#    much faster for KDA; a per-kernel profile (`tools/profile_ops.py`) put nearly all of the time
+#    in that one kernel, in the placement dots and the serial inverse.
 # 3. **Three plain kernels** (scores, block inverse, $W$/$U$), every block moved through memory
 #    by pointer, the diagonal blocks inverted by forward substitution with their rows read from
-#    memory. Correct and several times faster than design 1 for KDA; for DeltaNet the scores and
-#    the inverse still took 0.44 ms at $T = 1$k, and $A$ went to memory and back in float32.
+#    memory. Correct and several times faster than design 1 for KDA; for DeltaNet and Gated
+#    DeltaNet $A$ still went to memory and back in float32 between the scores and the inverse.
 # 4. **Blocks as separate variables** (sections 1–3, the kernels this chapter runs, and the
 #    recorded run above): a 16×16 block is computed or loaded at that size and stays its own
 #    register tile, so nothing is ever cut out; the diagonal blocks are inverted by doubling on
 #    the tensor cores. For DeltaNet and Gated DeltaNet the scores and the inverse are one kernel
-#    and $A$ never leaves the chip. On the H200 (bf16, $T = 1$k, 16 heads, 2026-11-23) Gated
-#    DeltaNet's scores + inverse went from 0.469 ms (design 3) to 0.223 ms, its forward from
-#    1.19 to 0.88 ms. For KDA, design 4 first kept design 3's split at every sub-chunk boundary:
-#    a scores kernel with one program per sub-chunk writing $A$, then the register inverse.
+#    and $A$ never leaves the chip: their scores and inverse take about half the time of design
+#    3's (the table below). For KDA, design 4 kept design 3's split at every sub-chunk boundary: a
+#    scores kernel with one program per sub-chunk, re-reading the chunk's earlier rows, writing
+#    $A$, then the register inverse.
 # 5. **KDA split at the chunk start, checked per chunk** (section 2, the kernels this chapter
 #    runs): where the chunk's gates decay by less than 60, its scores are the factorised form,
 #    computed as design 4 computes Gated DeltaNet's, with $W$ and the decays in the same program;
-#    the rare chunks past the bound are redone by the exact kernel. KDA's stage 1 went from
-#    2.38 ms (design 4: scores 1.58 + inverse 0.09 + $W$/$U$ 0.70) to 0.91 ms (0.81 + $U$ 0.08 +
-#    0.02 for the exact kernel finding nothing to do), its forward at $T = 1$k from 2.79 to
-#    1.33 ms. Putting every chunk through the exact kernel's 16-row decays in one program (no
-#    flag) took 2.9 ms on its own: its per-pair decays and diagonal-block products spilled
-#    registers.
+#    the rare chunks past the bound are redone by the exact kernel, which returns at once for
+#    the others. This cuts KDA's stage 1 to well under half of design 4's. Putting every chunk
+#    through the exact kernel's 16-row decays in one program instead (no flag) is slower than
+#    design 4: its per-pair decays and diagonal-block products spill registers.
 #
-# Design 1, recorded on its own (`book/data/11_kda_triton.json`), against the kernels now
-# (design 4; for KDA design 5):
+# The recorded stage-1 times of designs 3–5 (`book/data/11_kda_triton.json`, $T = 1$k):
 
 # %%
 old = bench.recorded_run("11_kda_triton.json")
+OPS = {"delta_rule": "DeltaNet", "gated_delta_rule": "Gated DeltaNet", "kda": "KDA"}
+if not old:
+    print(NO_RECORD)
+else:
+    dz = old["designs"]
+    print(f"{caption({**old['env'], 'date': dz['date']})}; {dz['setting']}")
+    print(bench.markdown_table(["op", "design", "stage 1, ms", "of which", "forward, ms"],
+                               [[OPS[r["op"]], r["design"], sum(r["stage1"].values()),
+                                 ", ".join(f"{n} {v}" for n, v in r["stage1"].items()), r["forward"]]
+                                for r in dz["rows"]]))
+
+# %% [markdown]
+# Design 1, recorded on its own (same file), against the kernels the library runs (design 4; for
+# KDA design 5):
+
+# %%
 if not old:
     print(NO_RECORD)
 else:
     print("Design 1:", caption(old["env"]), "·", old["env"]["kernel"], "·", old["env"]["setting"])
-    now = {r["T"]: r for r in rows}
-    print("ms, design 1 → now (now / design 1):")
+    lib = {r["T"]: r for r in rows}
+    print("ms, design 1 → the library's kernels (their ratio):")
     print(" T      " + "  ".join(f"{LABELS[o]:>28s}" for o in LABELS))
     for r in old["base"]:
-        if r["T"] in now:
-            print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {now[r['T']][o]:6.3f} ms ({now[r['T']][o] / r[o]:4.2f}×)"
+        if r["T"] in lib:
+            print(f"{r['T']:6d}  " + "  ".join(f"{r[o]:6.3f} → {lib[r['T']][o]:6.3f} ms ({lib[r['T']][o] / r[o]:4.2f}×)"
                                                for o in LABELS))
     for st in old.get("stages", []):
         print(f"design 1, {LABELS[st['op']]} T = {st['T']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in st["ms"].items()))
@@ -563,7 +577,7 @@ else:
 # time).
 
 # %%
-if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
+if DEV == "cuda":  # live: our kernels, FLA beside them if it is installed
     from linattn.validate import value_checks
 
     Tl = 4096
@@ -575,32 +589,50 @@ if DEV == "cuda":  # live: our kernels now, FLA beside them if it is installed
     print(f"live at T={Tl}: linattn.triton.kda {ms:.3f} ms, FLA {fla_ms:.3f} ms")
 
 # %% [markdown]
-# **Where the time goes.** A per-kernel profile (`tools/profile_ops.py`, H200, bf16, triton 3.6,
-# fla 0.6.0, 2026-11-23, ms; stage 1 is the factor kernel and W/U, for KDA the split kernel
-# (with $W$), the exact kernel and $U$):
-#
-# | | $T$ | stage 1 | state pass | output | total | FLA stage 1 | FLA state pass | FLA total |
-# |---|---|---|---|---|---|---|---|---|
-# | DeltaNet | 1k | 0.182 + 0.167 | 0.219 | 0.177 | 0.744 | 0.555 | 0.214 | 0.988 |
-# | DeltaNet | 32k | 0.190 + 0.181 | 0.426 | 0.184 | 0.982 | 0.570 | 0.697 | 1.493 |
-# | Gated DeltaNet | 1k | 0.216 + 0.213 | 0.221 | 0.184 | 0.833 | 0.370 | 0.223 | 0.840 |
-# | Gated DeltaNet | 32k | 0.228 + 0.237 | 0.460 | 0.197 | 1.122 | 0.389 | 0.927 | 1.579 |
-# | KDA | 1k | 0.805 + 0.019 + 0.083 | 0.222 | 0.196 | 1.326 | 1.227 | 0.247 | 1.714 |
-# | KDA | 32k | 0.810 + 0.019 + 0.094 | 0.461 | 0.201 | 1.585 | 1.273 | 1.173 | 2.697 |
-#
-# (FLA's stage 1: its scores, inverse, $W$/$U$ and gate cumsum kernels, and the elementwise
-# kernels it launches; its output kernel makes up the rest.) DeltaNet's stage 1 (0.35 ms at
-# $T = 1$k) is well under FLA's (0.56, most of it FLA's inverse). For Gated DeltaNet at $T = 1$k
-# the two forwards are level: our stage 1 is slower (0.43 against 0.37 ms) — ours also writes
+# **Where the time goes.** A per-kernel profile (`tools/profile_ops.py`, which times every kernel
+# of ours and of FLA on the same inputs) splits each forward into stage 1 (for DeltaNet and Gated
+# DeltaNet the factor kernel and $W$/$U$; for KDA the split kernel with $W$, the exact kernel and
+# $U$; for FLA its scores, inverse, $W$/$U$ and gate-cumsum kernels and the elementwise kernels
+# it launches), the state pass and the output:
+
+# %%
+def stages(kernels, prof):
+    """(stage 1, state pass, output, total) ms of one profiled forward."""
+    state = sum(ms for n, ms in kernels.items() if n in prof["state_kernels"])
+    out = sum(ms for n, ms in kernels.items() if n in prof["output_kernels"])
+    total = sum(kernels.values())
+    return total - state - out, state, out, total
+
+
+if not old or "profile" not in old:
+    print(NO_RECORD)
+else:
+    prof = old["profile"]
+    print(f"{caption({**old['env'], 'date': prof['date']})}; {prof['setting']}\n`{prof['command']}`")
+    table, split = [], {}
+    for r in prof["rows"]:
+        ours, fla = stages(r["ours"], prof), stages(r["fla"], prof)
+        split[r["op"], r["T"]] = ours, fla
+        table.append([OPS[r["op"]], r["T"], *ours, *fla])
+    print(bench.markdown_table(["op", "T", "stage 1", "state pass", "output", "total",
+                                "FLA stage 1", "FLA state pass", "FLA output", "FLA total"], table))
+    for op in OPS:
+        (o1, _, _, ot), (f1, _, _, ft) = split[op, 1024]
+        (_, o2, _, _), (_, f2, _, _) = split[op, 32768]
+        print(f"{OPS[op]:15s} T = 1k: stage 1 {o1:.2f} against FLA's {f1:.2f} ms, forward {ot:.2f} against {ft:.2f}; "
+              f"T = 32k: state pass {o2:.2f} against {f2:.2f}")
+
+# %% [markdown]
+# DeltaNet's stage 1 is well under FLA's, most of whose time goes to its inverse. For Gated
+# DeltaNet at $T = 1$k the two forwards are level: our stage 1 is slower — it also writes
 # $A_{qk}$, which FLA's output kernel recomputes, and the decayed keys $\tilde K$, which FLA's
-# state pass forms itself — and our output kernel makes up the difference. KDA's stage 1 is now
-# 0.91 ms against FLA's 1.23: one split kernel does what FLA spreads over four (a token-parallel
-# kernel for the diagonal blocks, one for the blocks below and the inverse, $W$/$U$, and a
-# cumulative sum of the gates). At $T = 32$k, with one sequence of 16 heads, the sequential
-# state pass is the largest kernel, and ours is ahead of FLA's (0.43 against 0.70 ms for
-# DeltaNet, 0.46 against 0.93 for Gated DeltaNet, 0.46 against 1.17 for KDA): every load in its
-# chunk loop is software-pipelined (chapter 10, §4 — here the keys stay in bf16 and the chunk's
-# decay is loaded one chunk ahead).
+# state pass forms itself — and our output kernel makes up the difference. KDA's stage 1 is
+# faster than FLA's: one split kernel does what FLA spreads over four (a token-parallel kernel
+# for the diagonal blocks, one for the blocks below and the inverse, $W$/$U$, and a cumulative
+# sum of the gates). At $T = 32$k, with one sequence of 16 heads, the sequential state pass is the
+# largest kernel, and ours is ahead of FLA's for all three: every load in its chunk loop is
+# software-pipelined (chapter 10, §4 — here the keys stay in bf16 and the chunk's decay is loaded
+# one chunk ahead).
 #
 # One cost can be seen on a CPU without a GPU: Triton compiles for a GPU it does not have
 # (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), and
