@@ -551,5 +551,6 @@ else:
 # * The gate gradient's sum runs to the **end of the sequence**, not of the chunk.
 # * `recompute=False` holds the states between forward and backward as well, for one kernel fewer.
 #
-# **Workbook:** the algebra these kernels implement is exercised in `exercises/12_backward.py`
-# (closed-form gate gradient, reverse-time recurrence, chunkwise GLA backward).
+# **Workbook:** `exercises/13_backward_triton.py` — the reverse state pass, an intra-chunk
+# gradient tile, the dk row walk, the gate gradient's scan as kernels, then the whole GLA
+# backward, which lets `impl="mine"` train.

@@ -333,23 +333,77 @@ def _collect(fn, parts, seen):
 
 
 def load_mine(op: str):
-    """(function, description) of the reader's most advanced passed implementation of `op`."""
+    """(function, description) of the reader's most advanced passed implementation of `op`.
+
+    A passed backward exercise (unlocks = (op, "triton", "backward")) gives the Triton forward its
+    gradients: the reader's Triton forward if they passed one, else linattn.triton's."""
     from . import catalog
+    from ..dispatch import level_fn
     from ..validate import InputError
 
     done = load()["passed"]
-    mine = [ex for ex in catalog.all_exercises()
-            if ex.unlocks and ex.unlocks[0] == op and ex.name in done
-            and (home() / "mine" / f"{ex.name}.py").exists()]
-    if not mine:
+    saved = [ex for ex in catalog.all_exercises()
+             if ex.unlocks and ex.unlocks[0] == op and ex.name in done
+             and (home() / "mine" / f"{ex.name}.py").exists()]
+    mine = [ex for ex in saved if ex.unlocks[2:] != ("backward",)]
+    backward = [ex for ex in saved if ex.unlocks[2:] == ("backward",)]
+    if not mine and not backward:
         raise InputError(f"impl='mine' for {op}: you have not passed an exercise that implements "
                          f"{op} yet (see linattn.grade.progress_text())")
-    ex = max(mine, key=lambda e: LEVEL_ORDER.index(e.unlocks[1]))
+    if mine:
+        ex = max(mine, key=lambda e: LEVEL_ORDER.index(e.unlocks[1]))
+        fn, desc = _exec_saved(ex)
+        level = ex.unlocks[1]
+    else:
+        fn, desc, level = level_fn(op, "triton"), f"linattn.triton.{op} (reference forward)", "triton"
+    if level != "triton":
+        return fn, desc                         # PyTorch code differentiates itself
+    if backward:
+        bwd, bdesc = _exec_saved(backward[-1])
+        desc = f"{desc} with {bdesc}"
+        return _with_backward(fn, bwd, desc), desc
+    return _no_grad_kernel(fn, desc), desc
+
+
+def _exec_saved(ex):
     path = home() / "mine" / f"{ex.name}.py"
     namespace = {"__name__": f"linattn_mine_{ex.name.replace('.', '_')}"}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    fn, desc = namespace["SOLUTION"], f"your {ex.name} ({path})"
-    return (_no_grad_kernel(fn, desc) if ex.unlocks[1] == "triton" else fn), desc
+    return namespace["SOLUTION"], f"your {ex.name} ({path})"
+
+
+def _with_backward(fn, bwd, desc):
+    """fn (a forward returning (o, final_state)) differentiated by bwd, the reader's backward
+    (q, k, v, g, do, *, scale, initial_state, dfinal_state, chunk_size, sub_chunk_size)."""
+    import torch
+
+    from ..dispatch import accepted
+
+    class Trained(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, kwargs, initial_state, *xs):
+            ctx.set_materialize_grads(False)
+            ctx.kwargs = kwargs
+            ctx.save_for_backward(initial_state, *xs)
+            return fn(*xs, initial_state=initial_state, **kwargs)
+
+        @staticmethod
+        def backward(ctx, do, dS):
+            initial_state, *xs = ctx.saved_tensors
+            kw = accepted(bwd, {n: a for n, a in ctx.kwargs.items() if n in ("scale", "chunk_size",
+                                                                              "sub_chunk_size")})
+            do = torch.zeros_like(xs[2]) if do is None else do
+            grads = bwd(*xs, do, initial_state=initial_state, dfinal_state=dS, **kw)
+            return (None, grads[-1], *grads[:-1])
+
+    @functools.wraps(fn)  # keeps fn's signature, which dispatch.accepted reads
+    def run(*xs, initial_state=None, **kwargs):
+        if not torch.is_grad_enabled() or not any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                  for x in (*xs, initial_state)):
+            return fn(*xs, initial_state=initial_state, **kwargs)
+        return Trained.apply(kwargs, initial_state, *xs)
+
+    return run
 
 
 def _no_grad_kernel(fn, desc):
