@@ -10,7 +10,7 @@ kernels, so it is checked natively: the conformance suite (`linattn.conformance`
 |---|---|---|
 | dtypes | float16, bfloat16, float32, float64 | float16, bfloat16, float32 |
 | head dims K, V | any ≥ 1 | 1 … 256 |
-| chunk_size (GLA, linear attention) | any ≥ 1 (chunk) | a power of two, 16 … 256 |
+| chunk_size (GLA, linear attention) | any ≥ 1 (chunk) | a power of two, 16 … 256 (float32: … 128) |
 | chunk_size (DeltaNet, Gated DeltaNet, KDA) | any ≥ 1 (chunk) | 16, 32 or 64 |
 | sub_chunk_size (GLA) | a power of two dividing chunk_size | the same, 16 … 64 |
 | GPUs | — | compute capability 7.5, 8.0, 8.6, 8.9, 9.0 |
@@ -34,6 +34,10 @@ MIN_TRITON_CHUNK = 16        # tl.dot needs every tile side ≥ 16
 # the backward already takes at most 64.
 MAX_TRITON_SUB_CHUNK = 64
 MAX_TRITON_CHUNK = {"linear_attn": 256, "gla": 256, "delta_rule": 64, "kda": 64}
+# float32 tiles are twice as large: at C = 256 the state pass of linear attention and GLA needed
+# 227–296 KB of shared memory with one pipeline stage on an H200 (Triton 3.6; K = 128, V = 16,
+# few heads), over its 227 KB, so float32 stops at 128.
+MAX_TRITON_CHUNK_FLOAT32 = {"linear_attn": 128, "gla": 128, "delta_rule": 64, "kda": 64}
 # GLA and linear attention: a state step holds a chunk's k, v (and float32 gates) tiles at once,
 # 128 KB at C = 256 in bf16 (one pipeline stage, see triton/common.launch); C = 512 would not fit an
 # H200's 227 KB of shared memory. The delta rules: above 64 their [C, C] and [C, K] tiles unroll
@@ -48,10 +52,15 @@ ARCHITECTURES = {           # compute capability → the GPUs readers have with 
 }
 
 
-def triton_chunk_sizes(op: str) -> tuple[int, ...]:
-    """Every chunk_size the Triton level takes for op (powers of two)."""
+def max_triton_chunk(op: str, dtype=None) -> int:
+    """The largest chunk_size the Triton level takes for op (with inputs of `dtype`, when given)."""
+    return (MAX_TRITON_CHUNK_FLOAT32 if dtype == torch.float32 else MAX_TRITON_CHUNK)[op]
+
+
+def triton_chunk_sizes(op: str, dtype=None) -> tuple[int, ...]:
+    """Every chunk_size the Triton level takes for op (powers of two), for inputs of `dtype` when given."""
     sizes, c = [], MIN_TRITON_CHUNK
-    while c <= MAX_TRITON_CHUNK[op]:
+    while c <= max_triton_chunk(op, dtype):
         sizes.append(c)
         c *= 2
     return tuple(sizes)
@@ -75,3 +84,7 @@ def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk
     if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or float32 "
                          "(use linattn.chunk or linattn.naive for float64)")
+    if isinstance(chunk_size, int) and chunk_size > max_triton_chunk(op, q.dtype):
+        raise InputError(f"chunk_size must be at most {max_triton_chunk(op, q.dtype)} for {q.dtype} inputs "
+                         f"in linattn.triton, got {chunk_size} (float32 tiles are twice as large and do not "
+                         "fit a GPU's shared memory; use bfloat16/float16 inputs or a smaller chunk_size)")

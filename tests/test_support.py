@@ -32,11 +32,12 @@ def test_float64_is_refused(op):
         getattr(tri, fn)(**a)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("op", OPS)
-def test_chunk_sizes_are_exactly_the_supported_ones(op):
-    fn, a = args(op)
-    sizes = support.triton_chunk_sizes(OPS[op][0])
-    assert sizes[0] == support.MIN_TRITON_CHUNK and sizes[-1] == support.MAX_TRITON_CHUNK[OPS[op][0]]
+def test_chunk_sizes_are_exactly_the_supported_ones(op, dtype):
+    fn, a = args(op, dtype=dtype)
+    sizes = support.triton_chunk_sizes(OPS[op][0], dtype)
+    assert sizes[0] == support.MIN_TRITON_CHUNK and sizes[-1] == support.max_triton_chunk(OPS[op][0], dtype)
     kw = {"sub_chunk_size": 16} if op == "gla" else {}
     for C in (sizes[0], sizes[-1]):
         o, _ = getattr(tri, fn)(**a, chunk_size=C, **kw)
@@ -44,6 +45,14 @@ def test_chunk_sizes_are_exactly_the_supported_ones(op):
     for C in (sizes[0] // 2, sizes[-1] * 2, 48):
         with pytest.raises(InputError, match="^chunk_size"):
             getattr(tri, fn)(**a, chunk_size=C, **kw)
+
+
+def test_float32_stops_at_a_smaller_chunk():
+    """float32 tiles are twice as large: chunk 256 is refused before launch for float32 inputs only."""
+    assert support.max_triton_chunk("gla", torch.float32) < support.max_triton_chunk("gla", torch.bfloat16)
+    fn, a = args("linear_attn")
+    with pytest.raises(InputError, match="^chunk_size must be at most 128 for torch.float32"):
+        tri.linear_attn(**a, chunk_size=256)
 
 
 def test_gla_sub_chunks_past_the_range_are_refused():

@@ -55,16 +55,25 @@ def delta_family(variant: str) -> bool:
     return VARIANTS[variant][0] in ("delta_rule", "kda")
 
 
-def chunk_options(variant: str) -> list[tuple[int, int | None]]:
+def chunk_options(variant: str, dtype: str | None = None) -> list[tuple[int, int | None]]:
     """Every (chunk_size, sub_chunk_size) the Triton level accepts for `variant`, read from its
     supported range (linattn.support); GLA with per-dimension gates also
     every sub-chunk size (a power of two from 16 to 64 dividing the chunk). sub_chunk_size None: the
-    function takes none (linear attention, the delta rules) or ignores it (per-head gates)."""
+    function takes none (linear attention, the delta rules) or ignores it (per-head gates). With a
+    dtype: those it accepts in that dtype (float32 stops at a smaller chunk)."""
+    import torch
     from .. import support
-    sizes = list(support.triton_chunk_sizes(VARIANTS[variant][0]))
+    sizes = list(support.triton_chunk_sizes(VARIANTS[variant][0], dtype and getattr(torch, dtype)))
     if variant == "gla":
         return [(C, c) for C in sizes for c in sizes if c <= min(C, support.MAX_TRITON_SUB_CHUNK)]
     return [(C, None) for C in sizes]
+
+
+def _max_chunk(variant: str, dtype: str) -> int:
+    """The largest chunk_size the Triton level takes for the variant in `dtype` (linattn.support)."""
+    import torch
+    from .. import support
+    return support.max_triton_chunk(VARIANTS[variant][0], getattr(torch, dtype))
 
 
 def default_chunk(variant: str) -> tuple[int, int | None]:
@@ -106,8 +115,8 @@ def native_cases(variant: str, per_variant: int = NATIVE_PER_VARIANT) -> list[di
             k = i * len(KS) + j
             chunk = opts[(3 * i + j) % len(opts)] if len(opts) <= len(KS) else opts[k % len(opts)]
             dtype = DTYPES[(i + j) % len(DTYPES)]
-            if _slow(variant, K, V, dtype):
-                dtype = DTYPES[1 + k % 2]
+            if _slow(variant, K, V, dtype) or chunk[0] > _max_chunk(variant, dtype):
+                dtype = DTYPES[1 + k % 2]          # float32 stops earlier (linattn.support)
             C = chunk[0]
             T = (C - 1, C + 1, 2 * C + 3, 3 * C, 100)[k % 5]
             cases.append(_case(n, "grid", variant, K=K, V=V, T=T, dtype=dtype, chunk=chunk,
@@ -217,7 +226,7 @@ def specialisations(cases_: list[dict]) -> set:
     small variants of some kernels.)"""
     out = set()
     for c in cases_:
-        opts = chunk_options(c["variant"]) if c.get("check") == "chunk_size" else [(c["chunk_size"], c["sub_chunk_size"])]
+        opts = chunk_options(c["variant"], c["dtype"]) if c.get("check") == "chunk_size" else [(c["chunk_size"], c["sub_chunk_size"])]
         out |= {(c["variant"], c["K"], c["V"], c["dtype"], C, sub) for C, sub in opts}
     return out
 

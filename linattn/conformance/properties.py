@@ -131,7 +131,7 @@ def chunk_size(case, device, row):
     a = C.make(case, device)
     dO, dS = C.upstream(case, device)
     o_ref, S_ref, g_ref = C.reference(case, a, dO, dS)
-    for chunk, sub in chunk_options(case["variant"]):
+    for chunk, sub in chunk_options(case["variant"], case["dtype"]):
         c = dict(case, chunk_size=chunk, sub_chunk_size=sub)
         o, S, g, bad = C.ours(c, a, dO, dS, final=True, dht=True)
         row["guards"] += bad
