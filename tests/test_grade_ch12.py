@@ -220,7 +220,7 @@ MUTANTS = {
     "ch12.recurrent_backward": (recurrent, [SIGN, FINAL, INIT, OFF_BY_ONE]),
     "ch12.chunk_backward": (chunkwise, [SIGN, PREFIX, FINAL, INIT, DROPPED, OFF_BY_ONE, OVERFLOW,
                                         CHUNK_TERM]),
-    "ch12.autograd_function": (function_graded, [FINAL]),
+    "ch12.autograd_function": (function_graded, [FINAL, SIGN, OFF_BY_ONE, OVERFLOW]),
     "ch12.delta_backward": (delta, [FINAL, INIT, OFF_BY_ONE, INVERSE_SIGN, BETA_IN_A]),
 }
 CASES = [(name, bug) for name, (_, bugs) in MUTANTS.items() for bug in bugs]

@@ -461,16 +461,24 @@ BETA_IN_A = ("leave out β's third place, A = diag(β) A^kk: dβ_i collects Σ_j
              _wy_model("betaA"))
 
 
-def _function_without_final(**kw):
-    """(o, S) of the forward and the gradients of a backward that drops its dfinal argument."""
-    a = testing.to_float64(kw)
-    o, S = _naive_gla(a["q"], a["k"], a["v"], a["g"], scale=a.get("scale"),
-                      initial_state=a.get("initial_state"))
-    return (o.to(kw["v"].dtype), S.to(_acc(kw["q"].dtype)), *_without_final(**kw))
+def _through_function(mistake):
+    """A backward exercise's mistake as the Function exercise returns it: the forward's (o, S) and
+    the mistaken gradients of a backward that chunks as the workbook's default does (64 tokens)."""
+    what, model = mistake
+
+    def made(**kw):
+        a = testing.to_float64(kw)
+        o, S = _naive_gla(a["q"], a["k"], a["v"], a["g"], scale=a.get("scale"),
+                          initial_state=a.get("initial_state"))
+        return (o.to(kw["v"].dtype), S.to(_acc(kw["q"].dtype)), *model(**kw, chunk_size=64))
+    return what, made
 
 
-FUNCTION_FINAL = ("drop the gradient arriving at the final state: backward(ctx, do, dS) gets it as its "
-                  "second argument — pass it to your backward as dfinal_state", _function_without_final)
+FUNCTION_FINAL = _through_function(
+    ("drop the gradient arriving at the final state: backward(ctx, do, dS) gets it as its second "
+     "argument — pass it to your backward as dfinal_state", _without_final))
+FUNCTION_MISTAKES = (FUNCTION_FINAL, *map(_through_function, (OVERFLOW, OFF_BY_ONE_CHUNK, SIGN,
+                                                               PREFIX_CHUNK)))
 
 
 GRADS = ("dq", "dk", "dv", "dg", "dinitial_state")
@@ -546,7 +554,7 @@ EXERCISES = [
              "output_final_state=True) on detached inputs, ctx.save_for_backward(q, k, v, g, "
              "initial_state), return o, S; backward(ctx, do, dS): your chunk_gla_backward(..., "
              "dfinal_state=dS) — one gradient per forward input, None for scale.",
-        diagnoses=(FUNCTION_FINAL,),
+        diagnoses=FUNCTION_MISTAKES,
     ),
     Exercise(
         name="ch12.delta_backward",
