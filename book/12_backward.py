@@ -740,7 +740,8 @@ for left_out in kparts:
 # the chunk's end $C$, where $\gamma = e^{b_C}$ adds $\gamma\odot\sum_\nu(S\odot dS')_{:,\nu}$. Then
 # $dg_s = \sum_{i\ge s}\partial L/\partial b_i$ inside the chunk. As in section 5.1, the $\Gamma$ pair is
 # better summed as what it is — the writes *before* $s$, an exclusive prefix — and the diagonal of
-# $A^{qk}$ left out; `linattn.chunk.delta_backward.gate_grad` does both. Here, in float64, the plain sum:
+# $A^{qk}$ left out; `linattn.chunk.delta_backward.gate_grad` does both. Per-head gates (Gated
+# DeltaNet) sum the same per-dimension terms over $K$. Here, in float64, the plain sum:
 
 # %%
 def kda_gate_grad(f, d, dKL, kparts, dq_s, dS_out):
