@@ -551,9 +551,9 @@ EXERCISES = [
         tol=GRAD_TOL,
         outputs=("o", "final_state") + GRADS,
         hint="forward(ctx, q, k, v, g, initial_state, scale): o, S = linattn.chunk.gla(..., "
-             "output_final_state=True) on detached inputs, ctx.save_for_backward(q, k, v, g, "
-             "initial_state), return o, S; backward(ctx, do, dS): your chunk_gla_backward(..., "
-             "dfinal_state=dS) — one gradient per forward input, None for scale.",
+             "output_final_state=True) (autograd is off inside forward), ctx.save_for_backward(q, "
+             "k, v, g, initial_state), ctx.scale = scale, return o, S; backward(ctx, do, dS): your "
+             "chunk_gla_backward(..., dfinal_state=dS) — one gradient per forward input, None for scale.",
         diagnoses=FUNCTION_MISTAKES,
     ),
     Exercise(
