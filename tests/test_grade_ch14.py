@@ -117,7 +117,11 @@ def _finish(o, x, params):
     return output_gate(o, x, params["out_gate.weight"], params["out_gate.bias"], params["out.weight"])
 
 
-def gla_layer(x, params, n_heads, *, initial_state=None, conv_cache=None):
+def gla_layer(x, params, n_heads, *, initial_state=None, conv_cache=None, bug=None):
+    if bug == "initial state ignored":
+        initial_state = None
+    if bug == "conv cache ignored":
+        conv_cache = None
     q, k, v, g, cache = _pieces(x, params, n_heads, conv_cache)
     o, S = linattn.gla(q, k, v, g.to(q.dtype), initial_state=initial_state, output_final_state=True)
     return _finish(o, x, params), S, cache
@@ -225,6 +229,14 @@ def test_norm_mistakes(bug, named):
 ])
 def test_output_gate_mistakes(bug, named):
     assert_named("ch14.output_gate", lambda *a: output_gate(*a, bug=bug), named)
+
+
+@pytest.mark.parametrize("bug, named", [
+    ("initial state ignored", "ignore initial_state"),
+    ("conv cache ignored", "ignore conv_cache"),
+])
+def test_layer_mistakes(bug, named):
+    assert_named("ch14.gla_layer", lambda *a, **kw: gla_layer(*a, **kw, bug=bug), named)
 
 
 @pytest.mark.parametrize("bug, named", [

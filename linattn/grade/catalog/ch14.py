@@ -416,7 +416,17 @@ def whole_layer(x, params, n_heads, *, initial_state=None, conv_cache=None):
     return _run(layer_from(params, n_heads), x, initial_state, conv_cache)
 
 
-def layer_cases(seed, *, start_token=None):
+LAYER_MISTAKES = (
+    ("ignore initial_state: a continued sequence starts from the state it is given",
+     lambda x, params, n_heads, *, initial_state=None, conv_cache=None:
+         whole_layer(x, params, n_heads, conv_cache=conv_cache)),
+    ("ignore conv_cache: the convolution of a continued sequence reads the last inputs before it",
+     lambda x, params, n_heads, *, initial_state=None, conv_cache=None:
+         whole_layer(x, params, n_heads, initial_state=initial_state)),
+)
+
+
+def layer_cases(seed):
     """Random float64 GLA layers on sequences of odd lengths, from the start and continuing from a
     state (the state and conv cache of a random prefix); one float32 case."""
     rng = random.Random(seed)
@@ -583,8 +593,9 @@ EXERCISES = [
         reference=short_conv,
         cases=conv_cases,
         outputs=("y", "new_cache"),
-        hint="output t may read inputs t−w+1 … t only: put the w − 1 earlier inputs (the cache, or "
-             "zeros at the start) in front of u, then a depthwise F.conv1d with no padding.",
+        hint="output t may read inputs t−w+1 … t only: which w − 1 inputs must stand before u's "
+             "first token (from the start, and when a cache is given), and what padding is left for "
+             "F.conv1d to add then?",
         diagnoses=CONV_MISTAKES,
     ),
     Exercise(
@@ -622,6 +633,7 @@ EXERCISES = [
         outputs=("y", "final_state", "conv_cache"),
         hint="x W_qkvᵀ → short_conv (from conv_cache) → split_heads; the gate from x; linattn.gla "
              "with initial_state and output_final_state=True; head_norm; output_gate.",
+        diagnoses=LAYER_MISTAKES,
     ),
     Exercise(
         name="ch14.decode",
