@@ -90,10 +90,9 @@ print(linattn.device.describe())
 # $$[q_t, k_t, v_t] = \mathrm{SiLU}\big(\mathrm{conv}_4(x W_{qkv})\big)_t .$$
 #
 # It comes from the state-space line of work (H3's shift SSM; Mamba's causal convolution of width
-# 4 before its SiLU), the Zoology study (Arora et al., 2023) found it decisive for associative
-# recall, and the DeltaNet and Gated DeltaNet layers use it; flash-linear-attention's GLA layer
-# offers it as an option. Every layer of this chapter has it, the softmax baseline too, so a
-# comparison of the layers isolates their memories.
+# 4 before its SiLU) and is part of the DeltaNet and Gated DeltaNet layers; flash-linear-attention's
+# GLA layer offers it as an option. Section 7 shows what it is for. Every layer of this chapter has
+# it, the softmax baseline too, so a comparison of the layers isolates their memories.
 #
 # The other layers share the skeleton and differ in the operation and in what they compute from
 # $x$ besides $q, k, v$:
@@ -202,7 +201,9 @@ for tau in (1, 4, 16):
 # ### 2.3 The recurrence, token by token
 #
 # With $q, k, v$ and $\log\alpha$ in hand, the operation is the GLA recurrence of chapter 04,
-# head by head, with the scale $K^{-1/2}$:
+# head by head. The readout carries the scale $K^{-1/2}$, the default of every operation in this
+# book. The paper's eq. (9) has none, and in this layer it makes no difference: a constant factor
+# before the per-head LayerNorm cancels, up to the norm's $\varepsilon$.
 
 # %%
 S = torch.zeros(B, H, K, V, dtype=F64)
@@ -514,8 +515,8 @@ print(f"linear attention without the short convolution: recall {run.accuracy:.3f
 
 # %% [markdown]
 # With several layers a model can learn to move the previous token's information forward with
-# attention itself (an "induction head"), which is what the Zoology models without convolution
-# do; the short convolution gives it for free.
+# attention itself (the first half of an "induction head"); the short convolution gives it to a
+# single layer for free.
 #
 # **…the convolution is padded on both sides.** `padding="same"` centres the window: output $t$
 # then reads inputs $t+1$ and $t+2$ — the layer sees the future. The whole-sequence forward still
