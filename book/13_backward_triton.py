@@ -29,37 +29,61 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
         print("No wheel uploaded, so linattn is not installed: run this cell again and upload "
               "dist/linattn-*.whl, or read the book locally (README: `make book`).")
 
+
 # %% [markdown]
 # # 13 — The backward pass in Triton
 #
 # **Goal.** Chapter 12 derived the backward of the chunkwise forms and wrote it in PyTorch;
 # chapters 10 and 11 wrote the forwards as Triton kernels. Here the backward becomes kernels too,
-# so a model can *train* through `linattn.triton`. We ask, for GLA and linear attention:
+# so a model can *train* through `linattn.triton`. This chapter reads the library's backward
+# kernels in the order they run, each one's code beside the formula it computes, and checks what
+# each kernel writes against the chunk level (`linattn.chunk`) before moving to the next:
 #
-# * which kernels the backward needs and why — recompute the chunk states, one **reverse pass**
-#   over the state gradients, then gradient tiles for $dq$, $dk$, $dv$ built with the forward's
-#   secondary chunking, and the gate gradient in closed form;
-# * what runs in parallel and what must walk the chunks in order;
-# * where the time goes, and how forward + backward compares with softmax attention (the left
-#   panel of the GLA paper's Figure 2, now for training);
-# * and, near the end, what the delta rules add (their kernels are described from their code).
+# 1. the reverse pass over the state gradients, `_dstates_kernel` (with the state recomputation, one of
+#    the two kernels that walk the chunks);
+# 2. the score gradient $dP$, `_dA_kernel`;
+# 3. the intra-chunk parts of $dq$ and $dk$ with the forward's secondary chunking, `_intra_grad_kernel`;
+# 4. $dv$, `_dv_kernel`; $dq$, $dk$ with their state parts, `_dqk_kernel`;
+# 5. the gate gradient in its chunk-local form, `_dqk_kernel` and `_dg_kernel` — with a measurement
+#    of why the library does not sum it over the whole sequence;
 #
-# On a CPU the kernels run in the Triton interpreter at small sizes and timings come from a
-# recorded GPU run in `book/data/`, when there is one; on a GPU the same cells run natively.
+# then what runs in parallel, what the default keeps between the passes, where the time goes, how
+# forward + backward compares with softmax attention, and the delta rules' backward kernels.
+#
+# On a CPU the kernels run in the Triton interpreter at small sizes, and timings come from a
+# recorded GPU run in `book/data/`; on a GPU the same cells run natively.
 
 # %%
+import inspect
+from unittest import mock
+
 import matplotlib.pyplot as plt
 import torch
 
 import linattn  # first: without a GPU it switches Triton to its interpreter
 from linattn import bench, chunk, naive, testing
 from linattn import triton as lt
+from linattn.chunk import gla_tiles
+from linattn.chunk.gated import dense_chunks
 from linattn.device import pick
-from linattn.triton import gated, gated_backward
+from linattn.triton import delta_backward, gated, gated_backward, wy_backward
 from linattn.validate import check_inputs
 
 print(linattn.device.describe())
 DEV = linattn.device.default_device()
+
+
+def show(fn, first=None, last=None):
+    """Print the library's source of fn (a @triton.jit kernel too) with its line numbers, from the
+    line holding `first` to the line holding `last` (default: all of it)."""
+    fn = getattr(fn, "fn", fn)                       # a kernel's Python function
+    lines, start = inspect.getsourcelines(fn)
+    lo = next((i for i, l in enumerate(lines) if first and first in l), 0)
+    hi = next((i for i, l in enumerate(lines) if last and last in l and i >= lo), len(lines) - 1)
+    path = inspect.getsourcefile(fn).split("linattn/")[-1]
+    print(f"linattn/{path}, lines {start + lo}–{start + hi}:")
+    for i in range(lo, hi + 1):
+        print(f"{start + i:4d}  {lines[i].rstrip()}")
 
 # %% [markdown]
 # ## 1. What the backward computes, chunk by chunk
@@ -75,8 +99,9 @@ DEV = linattn.device.default_device()
 #
 # (The kernels call the score matrix $P$ `A`, as FLA does; in this book $A$ is the delta rule's
 # matrix.) Backpropagation hands the layer $dO$ and the gradient of the final state (chapter 12,
-# §1). Let $dS_{[n]}$ be the gradient of the state *after* the chunk and
-# $dP_{ij} = \text{scale}\cdot dO_i\cdot v_j$ for $j\le i$. Differentiating each line (chapter 12, §4):
+# §1). Let $dS_{[n]}$ be the gradient of the state *after* chunk $n$ and
+# $dP_{ij} = \text{scale}\cdot dO_i\cdot v_j$ for $j\le i$ (the kernels' `dA`). Differentiating each
+# line (chapter 12, §4):
 #
 # $$dS_{[n-1]} = \operatorname{diag}(e^{b_C})\,dS_{[n]} + \text{scale}\,(Q\odot e^{G})^\top dO
 #   \qquad\text{(reverse pass, sequential)}$$
@@ -86,30 +111,29 @@ DEV = linattn.device.default_device()
 #
 # $$dv_j = (k_j\odot e^{\,b_C-b_j})\,dS_{[n]} + \text{scale}\sum_{i\ge j}P_{ij}\,dO_i,$$
 #
-# and over the whole sequence ($t = 1, \dots, T$, $b_t$ summed from its start)
+# and the gate gradient in chapter 12's chunk-local form (§5.1 there derives it), for a position
+# $u$ of chunk $n$, with $dk^{\text{intra}}$ the second term of $dk$ and $w_j = k_j\odot(v_j\,dS_{[n]}^\top)\odot e^{b_C-b_j}$
+# the first term times $k_j$:
 #
-# $$\frac{\partial L}{\partial b_t} = q_t\odot dq_t - k_t\odot dk_t\ \ (+\textstyle\sum_\nu S_T\odot dS_T \text{ at } t=T),\qquad
-#   dg_t = \sum_{s\ge t}\frac{\partial L}{\partial b_s}.$$
+# $$dg_u = \sum_{t\ge u}\big(q_t\odot dq_t - k_t\odot dk^{\text{intra}}_t\big) + \sum_{j<u} w_j
+#   + e^{b_C}\odot\textstyle\sum_\nu\big(S_{[n-1]}\odot dS_{[n]}\big)_{:,\nu},$$
 #
-# Two inputs of these formulas are not at hand after the forward: the state $S_{[n-1]}$ entering
-# every chunk (the forward's fused mode never writes it) and, for per-dimension gates, the matrix $P$.
-# The GLA paper **recomputes** both in the backward; `recompute=False` keeps them instead (§6).
-# Everything else splits into kernels by how much parallelism it has:
+# both sums inside the chunk. `linattn/triton/gated_backward.py` runs these as seven kernels; the
+# table lists them in the order they run:
 #
 # | step | kernel | grid (programs) | walks the chunks? |
 # |---|---|---|---|
-# | recompute $S_{[n-1]}$ | `gated._states_kernel` | (K-block, V-block, batch·head) | **yes** |
+# | recompute $S_{[n-1]}$ | `gated._states_kernel` (the forward's state pass) | (K-block, V-block, batch·head) | **yes** |
 # | reverse pass | `_dstates_kernel` | (K-block, V-block, batch·head) | **yes** (last to first) |
 # | $dP = \text{scale}\,dO\,V^\top$ | `_dA_kernel` | (row block of a chunk, batch·head) | no |
 # | intra $dq$, $dk$ | `_intra_grad_kernel` | (K-block, sub-chunk, batch·head) | no |
 # | $dv$ | `_dv_kernel` | (V-block, row block, batch·head) | no |
-# | $dq$, $dk$, $\partial L/\partial b$ summed per row block | `_dqk_kernel` | (K-block, row block, batch·head) | no |
-# | $dg$ | a reverse cumsum of the block totals (PyTorch), `_dg_kernel` | (K-block, row block, batch·head) | no |
+# | $dq$, $dk$, each row block's share of $dg$ | `_dqk_kernel` | (K-block, row block, batch·head) | no |
+# | $dg$ | `_dg_kernel` | (K-block, row block, batch·head) | no |
 #
-# `linattn/triton/gated_backward.py` holds the kernels; `GatedAttention` (an
-# `autograd.Function`) runs them when an input requires grad. First, the whole thing against
-# float64 autograd through the token loop, for the three gate kinds — $T$ not a multiple of the
-# chunk, $K \ne V$, an initial state, and a gradient arriving on the final state too:
+# `GatedAttention` (an `autograd.Function`) runs them when an input requires grad. First, the whole
+# thing against float64 autograd through the token loop, for the three gate kinds — $T$ not a
+# multiple of the chunk, $K \ne V$, an initial state, and a gradient arriving on the final state too:
 
 # %%
 B, T, H, K, V = 1, pick(cpu=45, gpu=1000), 2, pick(cpu=32, gpu=128), pick(cpu=48, gpu=96)
@@ -119,7 +143,7 @@ dO = torch.randn(B, T, H, V, generator=gen).to(DEV)
 dS_T = torch.randn(B, H, K, V, generator=gen).to(DEV)
 
 
-def gradients(fn, args, **kw):
+def gradients(fn, args, dO, dS_T, **kw):
     """∂/∂(every input) of <o, dO> + <S_T, dS_T>; all output buffers NaN-poisoned."""
     x = {n: a.detach().clone().requires_grad_(True) for n, a in args.items()}
     with testing.poisoned():
@@ -134,94 +158,173 @@ results = {}
 for name, (op, kw) in cases.items():
     args = testing.make_inputs(op, B=B, T=T, H=H, K=K, V=V, initial_state=True, seed=1, device=DEV, **kw)
     extra = dict(chunk_size=C, sub_chunk_size=c) if op == "gla" else dict(chunk_size=C)
-    ours, S_final = gradients(getattr(lt, op), args, **extra)
-    truth, _ = gradients(getattr(naive, op), testing.to_float64(args))
+    ours, S_final = gradients(getattr(lt, op), args, dO, dS_T, **extra)
+    truth, _ = gradients(getattr(naive, op), testing.to_float64(args), dO.double(), dS_T.double())
     errs = {n: testing.rel_err(ours[n], truth[n]) for n in ours}
     results[name] = (args, ours, truth, S_final)
     print(f"{name:26s}" + "  ".join(f"d{n}: {e:.1e}" for n, e in errs.items()))
     assert max(errs.values()) < 1e-4          # float32 gradients (the library's tests use the same bound)
 
 # %% [markdown]
-# And against the previous level, the chunkwise PyTorch backward of chapter 12, on the same
-# float32 inputs:
+# Now the kernels one at a time, on the per-dimension gates' case. The cell below runs the
+# library's `backward` once with a recorder around its launches (`gated_backward.launch`), which
+# keeps each kernel's arguments by name: every buffer a kernel wrote can then be read and checked.
+# The references come from the previous level: `linattn.chunk.gla` in float64, its autograd for the
+# gradients and its pieces (`dense_chunks`, `gla_tiles`) for the intermediates.
 
 # %%
-args, ours, _, _ = results["GLA, per-dimension gates"]
-cpu_args = {n: a.cpu() for n, a in args.items()}
-dO, dS_T = dO.cpu(), dS_T.cpu()
-prev, _ = gradients(chunk.gla, cpu_args, chunk_size=C, sub_chunk_size=c)
-dO, dS_T = dO.to(DEV), dS_T.to(DEV)
-errs = {n: testing.rel_err(ours[n], prev[n]) for n in ours}
-print("Triton vs linattn.chunk:", "  ".join(f"d{n}: {e:.1e}" for n, e in errs.items()))
-assert max(errs.values()) < 1e-4
+args, ours, truth, S_final = results["GLA, per-dimension gates"]
+
+
+def traced_backward(args, dO, dS_T, C, c):
+    """The library's backward on args, and {kernel name: {argument name: value}} of its launches."""
+    seen, real = {}, gated_backward.launch
+
+    def launch(kernel, grid, *a, **kw):
+        seen[kernel.fn.__name__] = {**dict(zip(kernel.arg_names, a)), **kw, "grid": grid}
+        return real(kernel, grid, *a, **kw)
+
+    q, k, v, g, s0 = (args[n] for n in ("q", "k", "v", "g", "initial_state"))
+    d = check_inputs(q, k, v, g=g, initial_state=s0, gate=True)
+    with mock.patch.object(gated_backward, "launch", launch), testing.poisoned():
+        grads = gated_backward.backward(dO, dS_T, q, k, v, g, s0, d, chunk_size=C, sub_chunk_size=c)
+    return dict(zip(("q", "k", "v", "g", "initial_state"), grads)), seen
+
+
+traced, launched = traced_backward(args, dO, dS_T, C, c)
+prev, _ = gradients(chunk.gla, testing.to_float64(args), dO.double(), dS_T.double(), chunk_size=C)
+for n in traced:
+    assert torch.equal(traced[n], ours[n])       # the traced run is the autograd run
+print("kernels launched, in order:", ", ".join(launched))
 
 # %% [markdown]
-# ## 2. The reverse pass over the state gradients
+# ## 2. The reverse pass: `_dstates_kernel`
 #
 # The forward's one sequential part carries the state forward through the chunks; the backward's
 # one sequential part carries the state gradient $dS$ **backward**: start from the final state's
 # gradient, and before stepping to the previous chunk, decay $dS$ by the chunk's total gate and add
-# what the chunk's outputs ask of the state, $\text{scale}\,(Q\odot e^{G})^\top dO$. Each program of
-# `_dstates_kernel` owns a $64\times 64$ block of $dS$ for one (batch, head) — the rows and columns
-# of $dS$ never mix, exactly as in the forward's state pass — and writes the $dS_{[n]}$ of every
-# chunk for the parallel kernels.
-# After the first chunk, $dS$ *is* the gradient of the initial state.
-#
-# In a dozen lines of PyTorch (float64), checked against the kernel's $d\,\text{initial\_state}$:
+# what the chunk's outputs ask of the state, $\text{scale}\,(Q\odot e^{G})^\top dO$. Each program
+# owns a block of $dS$ for one (batch, head) — the rows and columns of $dS$ never mix, exactly as
+# in the forward's state pass — and stores $dS_{[n]}$ for every chunk (`dh`) *before* adding chunk
+# $n$'s own term: chunk $n$'s outputs read the state before the chunk, so they do not reach the
+# state after it. After the first chunk, what is left is the gradient of the initial state (`ds0`).
 
 # %%
-def reverse_pass(q, g, do, dS_T, C, scale):
-    """dS (`D` here) before the first chunk: the initial state's gradient. q, g [B,T,H,K], do [B,T,H,V]."""
-    D = dS_T.double()                                                   # [B, H, K, V]
-    for t0 in reversed(range(0, q.shape[1], C)):
-        sl = slice(t0, t0 + C)
-        b = g[:, sl].double().cumsum(1)                                 # [B, c, H, K] from the chunk start
-        qd = q[:, sl].double() * b.exp()                                # queries decayed from the chunk start
-        D = b[:, -1].exp()[..., None] * D + scale * torch.einsum("bthk,bthv->bhkv", qd, do[:, sl].double())
-    return D
-
-
-args, ours, truth, _ = results["GLA, per-dimension gates"]
-D0 = reverse_pass(args["q"], args["g"], dO, dS_T, C, K ** -0.5)
-print(f"reverse pass (PyTorch) vs the kernel's d initial_state: {testing.rel_err(ours['initial_state'], D0):.1e}")
-assert testing.rel_err(ours["initial_state"], D0) < 1e-5
+show(gated_backward._dstates_kernel)
 
 # %% [markdown]
-# ## 3. Gradient tiles with secondary chunking
+# The check needs $dS_{[n]}$ from the chunk level, which never stores it. It does not have to:
+# the loss is linear in the state after chunk $n$, so its gradient is the initial state's
+# gradient of the *rest of the sequence* — `chunk.gla` on the tokens after chunk $n$, started from
+# any state (zeros here), with the same $dO$ and final-state gradient:
+
+# %%
+def state_gradient_after(n, args, dO, dS_T, C):
+    """dS_[n] at the chunk level: d initial_state of the tokens after chunk n (float64)."""
+    rest = {m: args[m][:, (n + 1) * C:].double() for m in ("q", "k", "v", "g")}
+    if rest["q"].shape[1] == 0:
+        return dS_T.double()
+    s = torch.zeros_like(dS_T, dtype=torch.float64).requires_grad_(True)
+    o, S = chunk.gla(**rest, initial_state=s, output_final_state=True, chunk_size=C)
+    ((o * dO[:, (n + 1) * C:].double()).sum() + (S * dS_T.double()).sum()).backward()
+    return s.grad
+
+
+dh = launched["_dstates_kernel"]["dh"]                    # [B, H, NT, K, V]
+NT = dh.shape[2]
+for n in range(NT):
+    e = testing.rel_err(dh[:, :, n].float(), state_gradient_after(n, args, dO, dS_T, C))
+    print(f"dS after chunk {n}: {e:.1e}")
+    assert e < 1e-5
+e = testing.rel_err(launched["_dstates_kernel"]["ds0"], prev["initial_state"])
+print(f"d initial_state: {e:.1e}")
+assert e < 1e-5
+
+# %% [markdown]
+# ## 3. The score gradient: `_dA_kernel`
+#
+# $dP = \text{scale}\cdot dO\,V^\top$ on the lower triangle of every chunk (diagonal included),
+# float32, summed over $V$ in blocks; the upper triangle is written as zeros, so later kernels may
+# read whole tiles. One program per row block of a chunk; no program depends on another.
+
+# %%
+show(gated_backward._dA_kernel)
+
+# %% [markdown]
+# At the chunk level $dP$ is one line of `linattn.chunk.gla_backward.gradients`, on the same chunks:
+
+# %%
+def chunks(x):
+    """[B, T, H, ...] → [B, H, N, C, ...] float64, zero past T (the chunk level's layout)."""
+    return dense_chunks(x.cpu(), C, torch.float64)
+
+
+scale = K ** -0.5
+dP_chunk = K ** -0.5 * (chunks(dO) @ chunks(args["v"]).transpose(-1, -2)).tril()   # [B, H, N, C, C]
+dA = launched["_dA_kernel"]["dA"]                                                    # [B, T, H, C]
+e = testing.rel_err(chunks(dA), dP_chunk)
+print(f"dA vs the chunk level's scale · tril(dO Vᵀ): {e:.1e}")
+assert e < 1e-6
+
+# %% [markdown]
+# ## 4. Gradient tiles with secondary chunking: `_intra_grad_kernel`
 #
 # The intra-chunk sums $\sum_{j\le i} dP_{ij}\,k_j\odot e^{b_i-b_j}$ (for $dq$) and
 # $\sum_{i\ge j} dP_{ij}\,q_i\odot e^{b_i-b_j}$ (for $dk$) have the shape of $P$ itself — a decay
 # *inside* the sum over tokens, per key dimension — so they are built like $P$ in chapter 10, from
-# $c\times c$ tiles (sub-chunks counted from 0, as in chapter 05):
+# $c\times c$ tiles (sub-chunks counted from 0, as in chapter 05). One program per (K-block,
+# sub-chunk, batch·head) computes both for the rows of its sub-chunk $i$; given $dP$, every key
+# dimension is independent, so $K$ is split into blocks of 64 and the float32 tiles stay
+# $c\times 64$ whatever $K$ is.
 #
-# * **Off-diagonal tiles** become tensor-core matmuls after splitting $e^{b_i-b_j}$ at a position $r$
-#   between the two sub-chunks into two factors $\le 1$. The point differs for the two gradients.
-#   A program computing $dq$ for query sub-chunk $i$ sums over key sub-chunks $j<i$: $r = ic$, the
-#   last position *before* sub-chunk $i$, $dq_{[i]} = e^{G_{[i]} - b_r}\odot\sum_{j<i} dP_{[i][j]}\,(K_{[j]}\odot e^{b_r-G_{[j]}})$.
-#   A program computing $dk$ for key sub-chunk $i$ sums over query sub-chunks $i'>i$: $r = (i+1)c$,
-#   the *last position* of sub-chunk $i$, $dk_{[i]} = e^{b_r-G_{[i]}}\odot\sum_{i'>i} dP_{[i'][i]}^\top(Q_{[i']}\odot e^{G_{[i']}-b_r})$.
-#   Either way one reference serves every tile a program sums, and every exponent is $\le 0$.
-# * **Diagonal tiles** have no point between their queries and keys; they are summed in float32
-#   with decay tiles built one gate factor ($\le 1$) at a time. For $dq$ (a sum over columns $j$ for
-#   each row $i$) a column walk: the decay column $E_j[i] = e^{b_i-b_j}$ from $E_{j+1}$
-#   with one exponential per key dimension. For $dk$ (a sum over rows $i$ for each column $j$) the
-#   same walk over rows, $F_i[j] = F_{i-1}[j]\,e^{g_i}$: each row adds the rank-one tile
-#   $dP_{i,\cdot}\otimes q_i \odot F_i$ to all of $dk$ at once, where walking columns would need a
-#   sum across the rows and a write into one row per column — on the GPU that version of the
-#   kernel took about twice as long.
-#
-# Given $dP$, each key dimension is independent of the others, so the kernel also splits $K$ into
-# blocks of 64 — its float32 tiles stay $c\times 64$ whatever $K$ is. $dP$ itself
-# ($\text{scale}\,dO\,V^\top$, lower triangle) is one kernel before it, summed over $V$ in blocks. For
-# per-head gates and linear attention the decay leaves the sum over $\kappa$ and every tile,
-# diagonal included, is a masked matmul. The state parts ($dO\,S_{[n-1]}^\top$ and $V\,dS_{[n]}^\top$, sums over
-# $V$) are added by `_dqk_kernel`, which also forms $\partial L/\partial b$ while $dq$, $dk$ are
-# still float32 — before they are rounded to the input's dtype.
-#
+# **Off-diagonal tiles** become tensor-core matmuls after splitting $e^{b_i-b_j}$ at a position $r$
+# between the two sub-chunks into two factors $\le 1$; the point differs for the two gradients.
+# For $dq$ (query sub-chunk $i$, key sub-chunks $j<i$) $r = ic$, the last position *before*
+# sub-chunk $i$: $dq_{[i]} = e^{G_{[i]} - b_r}\odot\sum_{j<i} dP_{[i][j]}\,(K_{[j]}\odot e^{b_r-G_{[j]}})$.
+# For $dk$ (key sub-chunk $i$, query sub-chunks $i'>i$) $r = (i+1)c$, the *last position* of
+# sub-chunk $i$: $dk_{[i]} = e^{b_r-G_{[i]}}\odot\sum_{i'>i} dP_{[i'][i]}^\top(Q_{[i']}\odot e^{G_{[i']}-b_r})$.
+# Either way one reference serves every tile a program sums, and every exponent is $\le 0$:
+
+# %%
+show(gated_backward._intra_grad_kernel, "# --- dq: key sub-chunks", "# --- the diagonal tile")
+
+# %% [markdown]
+# **Diagonal tiles** have no point between their queries and keys; they are summed in float32
+# with decay tiles built one gate factor ($e^{g}\le 1$) at a time. For $dq$ (a sum over columns $j$
+# for each row $i$) a column walk, last column first: $E_j[i] = e^{b_i-b_j}$ from $E_{j+1}$ with one
+# exponential per key dimension. For $dk$ (a sum over rows $i$ for each column $j$) the same walk
+# over rows, $F_i[j] = F_{i-1}[j]\,e^{g_i}$: each row adds the rank-one tile
+# $dP_{i,\cdot}\otimes q_i \odot F_i$ to all of $dk$ at once. Walking columns for $dk$ instead would
+# need a sum across the rows and a write into one row per column, both slower on a GPU than one
+# rank-one update per step. Per-head gates and linear attention take the `else` branch: the decay
+# leaves the sum over $\kappa$, and the diagonal tile is a masked matmul as in the forward.
+
+# %%
+show(gated_backward._intra_grad_kernel, "# --- the diagonal tile", "tl.store(dki")
+
+# %% [markdown]
+# The chunk level builds the same sums with its own tiles (`gla_tiles.intra_backward`: blocks split
+# at their boundary, halved down to single tokens), on $dP$ *without* its diagonal and with the
+# scale folded into the queries. Adding the diagonal back gives what the kernel wrote:
+# $dq^{\text{intra}} = \text{scale}\,(dq_{\text{chunk}} + dP_{ii}k_i)$ and
+# $dk^{\text{intra}} = dk_{\text{chunk}} + dP_{ii}\,\text{scale}\,q_i$ (here $dP$ without scale):
+
+# %%
+qc, kc, gc = (chunks(args[n]) for n in ("q", "k", "g"))
+dP_plain = chunks(dO) @ chunks(args["v"]).transpose(-1, -2)                  # [B, H, N, C, C] no scale
+diag = dP_plain.diagonal(dim1=-2, dim2=-1)[..., None]                        # dP_ii
+_, dq_c, dk_c = gla_tiles.intra_backward(dP_plain.tril(-1), scale * qc, kc, gla_tiles.Sweep(gc.exp()))
+want_dq, want_dk = scale * (dq_c + diag * kc), dk_c + diag * scale * qc
+e_q = testing.rel_err(chunks(launched["_intra_grad_kernel"]["dqi"]), want_dq)
+e_k = testing.rel_err(chunks(launched["_intra_grad_kernel"]["dki"]), want_dk)
+print(f"intra dq: {e_q:.1e}   intra dk: {e_k:.1e}  (against linattn.chunk.gla_tiles)")
+assert max(e_q, e_k) < 1e-5
+
+# %% [markdown]
 # **What breaks if** the $dk$ tiles used $dq$'s reference (the position $r = ic$ *before* sub-chunk
 # $i$)? The key factor becomes $e^{b_r-b_j}$ with $j$ in sub-chunk $i$, *after* $r$: a positive
-# exponent (`r_before` below holds $b_r$, `r_last` the right reference).
-# Under strong gates (down to $-20$ per step) it overflows:
+# exponent (`r_before` below holds $b_r$, `r_last` the right reference). Under strong gates (down
+# to $-20$ per step) it overflows:
 
 # %%
 g_strong = testing.log_gates((1, 16, 1, 4), "strong", generator=torch.Generator().manual_seed(2))
@@ -252,51 +355,140 @@ print("strong gates:", "  ".join(f"d{n}: {e:.1e}" for n, e in errs.items()))
 assert max(errs.values()) < 1e-4
 
 # %% [markdown]
-# ## 4. The gate gradient: a reverse cumulative sum
+# ## 5. $dv$, then $dq$ and $dk$: `_dv_kernel`, `_dqk_kernel`
 #
-# Chapter 12 (§3) showed that $dg$ needs no state per token:
-# $\partial L/\partial b_t = q_t\odot dq_t - k_t\odot dk_t$ (plus $\sum_\nu S_T\odot dS_T$ on the last
-# token), and $dg_t = \sum_{s\ge t}\partial L/\partial b_s$. The kernels already hold $dq$, $dk$
-# in float32, so `_dqk_kernel` forms $\partial L/\partial b$ there, before they are rounded. What
-# is left is a reverse cumulative sum over $T$ — a scan, the one part of the gate gradient that is
-# not local. Written as one PyTorch `flip(cumsum(flip(·)))` over all of $\partial L/\partial b$
-# ($[B,T,H,K]$ in float32), the scan took 3.7 ms of GLA's 12.1 ms forward + backward on an H200 at
-# $T = 8192$, $B = 4$, $H = 16$, $K = 128$ (torch 2.11, Triton 3.6, 2026-11-22): the single most
-# expensive stage. So the scan is split the way the chunkwise form splits the state pass:
-#
-# 1. `_dqk_kernel` sums each row block of 64 tokens from every row to the block's end
-#    (`tl.cumsum(..., reverse=True)`, on chip) and writes the block's total;
-# 2. a reverse cumulative sum runs over the block totals only, $T/64$ numbers per column, in PyTorch;
-# 3. `_dg_kernel` adds to each token the totals of all later blocks and the final state's term
-#    (which every token's gate reaches), and for per-head gates sums over $K$.
-#
-# The only sequential work left is over $T/64$ block totals.
-#
-# From the Triton $dq$, $dk$ of §1 and the final state, the closed form reproduces the kernel's
-# $dg$ — and **what breaks if** the sum restarts at every chunk (as $b$ does)? The decay of a
-# token's gate acts on every later token, across chunk borders:
+# $dv_j = (k_j\odot e^{b_C-b_j})\,dS_{[n]} + \text{scale}\sum_{i\ge j}P_{ij}\,dO_i$: one program per
+# (V-block, row block of keys, batch·head) starts from the state part — the keys decayed to the
+# chunk's end times the state gradient `dh` of the reverse pass — and adds $P^\top dO$ over the
+# query row blocks at and after its keys. For per-dimension gates $P$ is the forward's matrix
+# (kept, §8); otherwise the kernel rebuilds each $P$ tile as a masked product $QK^\top$.
 
 # %%
-args, ours, truth, S_final = results["GLA, per-dimension gates"]
-db = args["q"] * ours["q"] - args["k"] * ours["k"]                 # ∂L/∂b, [B, T, H, K]
-db[:, -1] += (S_final * dS_T).sum(-1)                              # the final state's own decay
-dg = db.flip(1).cumsum(1).flip(1)
-restart = torch.cat([x.flip(1).cumsum(1).flip(1) for x in db.split(C, dim=1)], dim=1)
-print(f"closed form from the kernel's dq, dk: {testing.rel_err(dg, truth['g']):.1e};"
-      f" restarted every chunk: {testing.rel_err(restart, truth['g']):.2f}")
-assert testing.rel_err(dg, truth["g"]) < 1e-4 < testing.rel_err(restart, truth["g"])
+show(gated_backward._dv_kernel)
+
+# %%
+e = testing.rel_err(launched["_dv_kernel"]["dv"], prev["v"])
+print(f"dv vs linattn.chunk: {e:.1e}")
+assert e < 1e-5
 
 # %% [markdown]
-# ## 5. What runs in parallel
+# `_dqk_kernel` adds the state parts, two sums over $V$ per row block:
+# $\text{scale}\,(dO\,S_{[n-1]}^\top)\odot e^{b_i}$ into $dq$ and the write part
+# $(V\,dS_{[n]}^\top)\odot e^{b_C-b_j}$ into $dk$, to the intra parts of §4. It is also where the gate
+# gradient is formed (next section), because only here are $dq$, $dk$ at hand in float32 — before
+# they are rounded to the input's dtype:
+
+# %%
+show(gated_backward._dqk_kernel)
+
+# %%
+e_q, e_k = (testing.rel_err(launched["_dqk_kernel"][n], prev[n[-1]]) for n in ("dq", "dk"))
+print(f"dq: {e_q:.1e}   dk: {e_k:.1e}  (against linattn.chunk)")
+assert max(e_q, e_k) < 1e-5
+
+# %% [markdown]
+# ## 6. The gate gradient, chunk by chunk: `_dqk_kernel` and `_dg_kernel`
+#
+# The last lines of `_dqk_kernel` evaluate the chunk-local form of §1 over one row block: with
+# $db = q\odot dq - k\odot dk^{\text{intra}}$ and $w = k\odot(\text{write part})$,
+#
+# ```
+# x = tl.cumsum(d_b, axis=0, reverse=True) + (tl.cumsum(w, axis=0) - w) + hD[None, :]
+# ```
+#
+# is $\sum_{t\ge u} db_t + \sum_{j<u} w_j + e^{b_C}\sum_\nu S_{[n-1]}\odot dS_{[n]}$ — a reverse
+# cumulative sum, an *exclusive* prefix sum and the carried term `hD`, all on chip. A row block is
+# the whole chunk when $C \le 64$ (every setting of this chapter); for $C = 128$ or $256$ the kernel
+# also writes each row block's two totals, PyTorch sums them over the chunk's other row blocks
+# (a few numbers per chunk), and `_dg_kernel` adds that carry to every token and, for per-head
+# gates, sums over $K$. Nothing crosses a chunk boundary:
+
+# %%
+show(gated_backward._dg_kernel)
+
+# %%
+e_db = testing.rel_err(launched["_dqk_kernel"]["db"], prev["g"])          # one row block per chunk here
+e_dg = testing.rel_err(launched["_dg_kernel"]["dg"], prev["g"])
+print(f"row-block sums of _dqk_kernel: {e_db:.1e}   dg of _dg_kernel: {e_dg:.1e}  (against linattn.chunk)")
+assert launched["_dg_kernel"]["HAS_CARRY"] is False and max(e_db, e_dg) < 1e-5
+
+# %% [markdown]
+# **Why chunk-local.** Chapter 12 (§3) first wrote the gate gradient as one sum over the whole
+# sequence, $dg_t = \sum_{s\ge t}(q_s\odot dq_s - k_s\odot dk_s)$ (plus the final state's term),
+# with $dq$, $dk$ the *full* gradients and $b$ summed from the sequence start. It is exact algebra,
+# and a kernel could take it from $dq$, $dk$ alone. But under strong gates the true $dg$ is small
+# while each $q_s\odot dq_s$ and $k_s\odot dk_s$ is not: the sum adds $T$ terms that cancel, and
+# each term's rounding stays in the result. Chapter 12 (§5.1) derives the chunk-local form, which
+# drops the cancelling terms before anything is rounded. The measurement here takes both forms
+# from the same Triton backward — the whole-sequence sum from its $dq$, $dk$ as returned, the
+# chunk-local form as its kernels compute $dg$ — against float64 autograd, as the gates strengthen,
+# for float32 and for bf16 inputs (under the interpreter a bf16 kernel computes in float32 and
+# rounds what it stores; its gates stay float32):
+
+# %%
+Tg = pick(cpu=256, gpu=4096)
+factors = (1, 6, 36, 216)                                  # gate strength: normal gates times this
+
+
+def gate_errors(factor, dtype, seed=5):
+    """Relative errors of dg against float64: (whole-sequence suffix sum, the kernels' chunk-local),
+    and the gates' mean −g per step."""
+    a = testing.make_inputs("gla", B=1, T=Tg, H=1, K=16, V=16, seed=seed, initial_state=True, dtype=dtype,
+                            device=DEV)
+    a["g"] = a["g"] * factor
+    do = torch.randn(a["v"].shape, generator=torch.Generator().manual_seed(seed)).to(DEV, dtype)
+    dsT = torch.randn(a["initial_state"].shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEV)
+    got, S = gradients(lt.gla, a, do, dsT, chunk_size=64, sub_chunk_size=16)
+    ref, _ = gradients(naive.gla, testing.to_float64(a), do.double(), dsT.double())
+    db = a["q"].float() * got["q"].float() - a["k"].float() * got["k"].float()   # from the stored dq, dk
+    db[:, -1] += (S * dsT).sum(-1)                                               # the final state's decay
+    whole = db.flip(1).cumsum(1).flip(1)
+    return testing.rel_err(whole, ref["g"]), testing.rel_err(got["g"], ref["g"]), -a["g"].mean().item()
+
+
+errs = {dt: [gate_errors(f, dt) for f in factors] for dt in (torch.float32, torch.bfloat16)}
+print(f"{'mean −g per step':>17} | {'f32: whole':>10} {'chunk-local':>11} | {'bf16: whole':>11} {'chunk-local':>11}")
+for (w32, l32, m), (w16, l16, _) in zip(errs[torch.float32], errs[torch.bfloat16]):
+    print(f"{m:17.3g} | {w32:10.1e} {l32:11.1e} | {w16:11.1e} {l16:11.1e}")
+(w32, l32, strength), (w16, l16, _) = (list(zip(*errs[dt])) for dt in (torch.float32, torch.bfloat16))
+assert max(l32 + l16) < 1e-4                                        # chunk-local: float32's level
+assert all(w < 3 * l for w, l in zip(w32, l32))                     # float32, this T: alike
+assert w16[-1] > 10 * w16[0] and all(w > 100 * l for w, l in zip(w16, l16))   # bf16: grows, far worse
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+for ax, (title, w, l) in zip(axes, (("bf16 inputs", w16, l16), ("float32 inputs (the two nearly coincide)", w32, l32))):
+    ax.loglog(strength, w, "o-", color="C3", label="whole-sequence suffix sum")
+    ax.loglog(strength, l, "s--", color="C0", mfc="none", ms=10, label="chunk-local (the library's kernels)")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("mean log-gate per step, −g")
+    ax.grid(True, which="major", alpha=0.3)
+axes[0].set_ylabel("relative error of dg vs float64")
+axes[0].legend(fontsize=8, loc="center right")
+fig.suptitle(f"GLA gate gradient from the Triton backward, T = {Tg}, C = 64", fontsize=11)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# With bf16 inputs the whole-sequence sum can only start from $dq$, $dk$ as stored, rounded to
+# bf16: their rounding, of the size of $|q\odot dq|$, lands in a gradient that strong gates make
+# small, and the error grows with the gate strength until it is a sizeable part of $dg$. The
+# kernels form the chunk-local sums inside `_dqk_kernel` while $dq$, $dk$ are still float32, and
+# leave out the terms that cancel: their error stays at float32's level, whatever the input dtype.
+# With float32 inputs, at this length, the two are alike: both are then limited by the float32
+# cumulative gates, whose rounding ($|b|\cdot 2^{-24}$ in every exponent) grows with the gates
+# too; the whole-sequence sum's own cancellation grows with $T$ as well (chapter 12's table). A
+# chunk-local sum is also the cheaper one: nothing runs across chunks, so the scan stays on chip.
+#
+# ## 7. What runs in parallel
 #
 # Two kernels walk the chunks: the state recomputation and the reverse pass. Their grid is
 # (K-blocks × V-blocks × batch·head) — at the benchmark setting ($32768$ tokens, $H=16$,
 # $K=V=128$) the reverse pass's blocks of 64 make $4\cdot 16\cdot B$ programs, and
 # $B = 32768/T$ falls as sequences grow. The state recomputation is the forward's state pass,
-# with its block shapes (`gated.state_config`: for per-dimension gates $32\times128$, or
-# $16\times128$ once that would leave half the multiprocessors idle). The other kernels have a program per chunk (or row block, or sub-chunk), so
-# their grid stays the same at every $T$. The figure counts the programs each kernel launches,
-# from the same block sizes the library uses, against the 132 multiprocessors of an H100/H200:
+# with its block shapes (`gated.state_config`). The other kernels have a program per chunk (or row
+# block, or sub-chunk), so their grid stays the same at every $T$. The figure counts the programs
+# each kernel launches, from the same block sizes the library uses, against the 132
+# multiprocessors of an H100/H200:
 
 # %%
 Ts = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -312,17 +504,22 @@ def state_blocks(BH):
 
 def programs(T, C=64, c=16, tokens=32768, H=16):
     Bt, NT = tokens // T, T // C
-    return {"state recomputation (sequential)": state_blocks(Bt * H) * Bt * H,
-            "reverse pass (sequential)": SB * Bt * H,
+    return {"recompute states*": state_blocks(Bt * H) * Bt * H,          # *: walks the chunks
+            "reverse pass*": SB * Bt * H,
             "dA": NT * (C // 64) * Bt * H,
             "intra dq, dk": KB * NT * (C // c) * Bt * H,
             "dv": (128 // BVv) * NT * (C // 64) * Bt * H,
             "dq, dk": KB * NT * (C // 64) * Bt * H}
 
 
-fig, ax = plt.subplots(figsize=(8, 3.8))
-for (name, style) in zip(programs(Ts[0]), ("v-", "o-", "s-", "^-", "D-", "x--")):   # dv and dq, dk coincide
-    ax.plot(Ts, [programs(T_)[name] for T_ in Ts], style, label=name)
+grids = {}
+for name in programs(Ts[0]):                                     # kernels with the same counts: one line
+    ys = tuple(programs(T_)[name] for T_ in Ts)
+    same = next((n for n, y in grids.items() if y == ys), None)
+    grids[f"{same}; {name}" if same else name] = grids.pop(same) if same else ys
+fig, ax = plt.subplots(figsize=(9, 4))
+for (name, ys), style in zip(grids.items(), ("v-", "o-", "s-", "^-", "D-", "x--")):
+    ax.plot(Ts, ys, style, label=name)
 ax.axhline(132, color="gray", ls="--", lw=1, label="132 SMs (H100/H200)")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
@@ -330,74 +527,111 @@ ax.set_xticks(Ts, [f"{t // 1024}k" for t in Ts])
 ax.xaxis.set_minor_locator(plt.NullLocator())
 ax.set_xlabel("sequence length T (B·T = 32768 tokens)")
 ax.set_ylabel("programs launched")
-ax.set_title("Backward kernels' grids: H = 16, K = V = 128, C = 64, c = 16")
+ax.set_title("Programs per backward kernel (* walks the chunks)\nH = 16, K = V = 128, C = 64, c = 16",
+             fontsize=10)
 ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
 fig.tight_layout()
 plt.show()
+seq = {n: ys[-1] for n, ys in grids.items() if "*" in n}
+assert len(grids) == 4                                           # six kernels, four distinct grids
+print("at 32k tokens per sequence:", ", ".join(f"{n}: {p} programs" for n, p in seq.items()),
+      f"(each walks {32768 // 64} chunks)")
 
 # %% [markdown]
-# At $T = 32\text{k}$ the two sequential kernels launch 64 and 128 programs for 132
-# multiprocessors, each walking 512 chunks; every other kernel launches thousands. That is the
-# same shape as the forward (chapter 10, §6), and the same remedies exist: narrower state blocks
-# for more programs (they pay in the forward's state pass once 64×64 blocks leave half the
-# multiprocessors idle; the reverse pass keeps 64×64), or splitting the sequence and composing
-# chunk maps (chapter 08) — for the backward the maps run in reverse.
+# At the longest sequences the two sequential kernels launch fewer programs than there are
+# multiprocessors (the printout above), each walking hundreds of chunks; every other kernel
+# launches thousands. That is the same shape as the forward (chapter 10, §6), and the same remedies
+# exist: narrower state blocks for more programs, or splitting the sequence and composing chunk
+# maps (chapter 08) — for the backward the maps run in reverse.
 #
-# ## 6. Recompute or keep the states
+# ## 8. What waits between the passes: recompute or keep
 #
-# `recompute=True` (default) computes the states $S_{[n]}$ ($B\cdot H\cdot N\cdot K\cdot V$ numbers)
-# again in the backward and keeps only what is input-sized: for per-dimension gates the float32
-# matrix $P$ ($B\cdot T\cdot H\cdot C$) and the cumulated gates $b$ ($B\cdot T\cdot H\cdot K$),
-# which the forward built anyway and which cost about as much to rebuild as the states (FLA makes
-# the same choice). `recompute=False` keeps the states as well and skips one more kernel. Both give the
-# same gradients (the backward runs the same kernels on the same numbers). What waits between the
-# two passes is what the `autograd.Function` saved for the backward beyond the inputs themselves
-# (which the network keeps anyway):
+# The GLA paper's chunkwise form materialises one $K\times V$ state per chunk, $\frac{L}{C}\,d_k\,d_v$
+# numbers, where the recurrent form would keep one per token. Between the forward and the backward
+# those states can be kept or computed again; the library's `gla(..., recompute=...)` chooses
+# (`linattn/triton/gated.py`, `gated_backward.GatedAttention`):
+#
+# * **`recompute=True`, the default.** The forward runs in its fastest mode (with per-dimension
+#   gates it keeps two input-sized tensors it computed anyway: the chunk-local cumulative gates $b$,
+#   $[B,T,H,K]$ float32, and the intra-chunk matrix $P$, $[B,T,H,C]$ float32). The backward
+#   recomputes the states $S_{[n-1]}$ with the forward's state kernel, and for per-head gates and
+#   linear attention also $b$ (a cheap chunk-local cumsum); $P$ is then never stored — the kernels
+#   rebuild its tiles as products $QK^\top$ where they need them.
+# * **`recompute=False`.** The forward runs in its states mode and keeps the states
+#   $[B,H,N,K,V]$ as well (in the dtype the forward stores them in, `gated.chunk_states`), and $b$
+#   for per-head gates: more memory, one kernel fewer.
+#
+# Both give the same gradients: the backward runs the same kernels on the same numbers. What waits
+# between the passes is what the `autograd.Function` saved beyond the inputs (which the network
+# keeps anyway), here for the three gate kinds:
 
 # %%
 Tm = pick(cpu=64, gpu=8192)
-mem_args = bench.anchor_inputs("gla", Tm, **pick(cpu=dict(tokens=64, H=2, K=32, V=32, dtype=torch.float32,
-                                                          device="cpu"), gpu={}))
+size = pick(cpu=dict(tokens=64, H=2, K=32, V=32, dtype=torch.float32, device="cpu"), gpu={})
 held = {}
-for recompute in (True, False):
-    x = {n: a.detach().requires_grad_(True) for n, a in mem_args.items()}
-    o, _ = lt.gla(**x, recompute=recompute)
-    inputs = {a.untyped_storage().data_ptr() for a in x.values()}
-    saved = [t for t in o.grad_fn.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in inputs]
-    held[recompute] = sum(t.numel() * t.element_size() for t in saved)
-    print(f"recompute={recompute!s:5}: saved beyond the inputs {held[recompute] / 2**20:9.3f} MiB "
-          f"({', '.join(str(tuple(t.shape)) for t in saved) or 'nothing'}); the output itself "
-          f"{o.numel() * o.element_size() / 2**20:.3f} MiB")
-    del o
-a_and_b = mem_args["q"].numel() // mem_args["q"].shape[-1] * (64 + mem_args["q"].shape[-1]) * 4   # P and b, float32
-assert held[True] == a_and_b < held[False]
+for op in ("gla", "simple_gla", "linear_attn"):
+    mem_args = bench.anchor_inputs(op, Tm, **size)
+    fn = lt.linear_attn if op == "linear_attn" else lt.gla
+    for recompute in (True, False):
+        x = {n: a.detach().requires_grad_(True) for n, a in mem_args.items()}
+        o, _ = fn(**x, recompute=recompute)
+        inputs = {a.untyped_storage().data_ptr() for a in x.values()}
+        saved = [t for t in o.grad_fn.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in inputs]
+        held[op, recompute] = saved
+        print(f"{op:12s} recompute={recompute!s:5}: saved beyond the inputs "
+              f"{sum(t.numel() * t.element_size() for t in saved) / 2**20:8.3f} MiB "
+              f"({', '.join(f'{tuple(t.shape)} {str(t.dtype)[6:]}' for t in saved) or 'nothing'})")
+        del o
+q_ = bench.anchor_inputs("gla", Tm, **size)["q"]
+BTH, Kq = q_.numel() // q_.shape[-1], q_.shape[-1]
+assert sorted(t.numel() for t in held["gla", True]) == sorted([BTH * Kq, BTH * 64])   # b and P
+assert held["simple_gla", True] == [] and held["linear_attn", True] == []             # nothing
+assert all(len(held[op, False]) > len(held[op, True]) for op in ("gla", "simple_gla", "linear_attn"))
+
+# per token and head at the benchmark setting (bf16 inputs, K = V = 128, C = 64)
+K_, V_, C_ = 128, 128, 64
+print(f"per token and head: q {K_ * 2} bytes (bf16); kept by default for per-dimension gates: "
+      f"b {K_ * 4} bytes and P {C_ * 4} bytes (float32); the states, kept with recompute=False: "
+      f"K·V/C = {K_ * V_ // C_} numbers")
 
 # %% [markdown]
-# Count the bytes per token and head at the benchmark setting (bf16, $K=V=128$, $C=64$): $q$ takes
-# $128\cdot 2 = 256$; the states $K V / C = 256$ numbers in bf16, 512 bytes; $P$ 64 float32
-# numbers, 256 bytes; the cumulated gates 128 float32 numbers, 512 bytes. The default keeps $P$ and
-# $b$, three times the size of $q$ per layer; keeping the states too makes it five, for as long as
-# the network waits between this layer's forward and its backward. Recomputing the states costs
-# the kernel §7 times as "recompute states".
+# The default thus holds, for per-dimension gates, three times the bytes of $q$ per layer; keeping
+# the states adds $KV/C$ numbers per token and head — twice as many as $q$ has at this setting —
+# for as long as the network waits between this layer's forward and its backward. Recomputing them costs one launch of the
+# forward's state kernel, timed in §9 as "recompute states".
 
 # %% [markdown]
-# ## 7. Where the time goes
+# ## 9. Where the time goes
 #
 # `gated_backward.backward(..., timer=dict)` and `delta_backward.backward(..., timer=dict)` record
 # the milliseconds of each stage (CUDA events around its launches; on a CPU the interpreter's wall
 # clock, which says nothing about a GPU); `bench.backward_stages` runs one at the benchmark
 # setting, doing the work of the default call. On a GPU the next cell measures live; on a CPU it
-# shows the stages recorded by `tools/bench.py --suite train` in `book/data/bench_train.json`, if
-# such a run has been recorded.
+# shows the stages recorded by `tools/bench.py --suite train` in `book/data/bench_train.json`.
+#
+# The timer waits for each stage to finish before the next starts. Unsynchronised, the GPU starts a
+# kernel while the previous one's last programs drain, and the CPU queues launches ahead; timed
+# stage by stage, every stage pays its own start and its own tail. So the stages add up to more
+# than the same work costs inside one backward — for some operations to more than the *whole*
+# forward + backward step of the same run, which the table's last row shows — and the useful
+# reading is each stage's **share**:
 
 # %%
 rec = bench.recorded_run("bench_train.json")
 
 
+def stage_table(op, ms, T_, step=None):
+    total = sum(ms.values())
+    rows = [[name, t, f"{100 * t / total:.0f}%"] for name, t in ms.items()]
+    rows.append(["sum of the stages", total, "100%"])
+    if step is not None:
+        rows.append(["one whole forward + backward, unsynchronised", step, "—"])
+    return f"{op}, T = {T_}:\n" + bench.markdown_table(["stage", "ms", "share"], rows)
+
+
 def stages_live(T_=8192):
     for op in ("linear_attn", "simple_gla", "gla", "delta_rule", "kda"):
-        ms = bench.backward_stages(op, T_)
-        print(f"{op}, T = {T_}, live (median of 5):\n" + bench.markdown_table(["stage", "ms"], list(ms.items())))
+        print(stage_table(op, bench.backward_stages(op, T_), T_) + "\n")
 
 
 def stages_recorded():
@@ -406,22 +640,37 @@ def stages_recorded():
               "no backward timings on a CPU. On a GPU: python tools/bench.py --suite train --out DIR, "
               "then keep DIR/bench.json as book/data/bench_train.json.")
         return
-    print("Recorded run:", bench.run_label(rec["env"]))
+    print("Recorded run:", bench.run_label(rec["env"]), "\n")
     for op, st in rec["train"]["stages"].items():
         if "ms" in st:
-            print(f"{op}, T = {st['T']}:\n" + bench.markdown_table(["stage", "ms"], list(st["ms"].items())))
+            step = next((r["triton"] for r in rec["train"]["rows"] if r["op"] == op and r["T"] == st["T"]), None)
+            print(stage_table(op, st["ms"], st["T"], step) + "\n")
+    largest = {op: max(st["ms"], key=st["ms"].get) for op, st in rec["train"]["stages"].items() if "ms" in st}
+    print("largest stage:", "; ".join(f"{op}: {name}" for op, name in largest.items()))
+    gla_ms = rec["train"]["stages"]["gla"]["ms"]
+    top2 = sorted(gla_ms, key=gla_ms.get)[-2:]
+    assert set(top2) == {"intra dq, dk", "dq, dk"}                  # what the text below says
+    assert largest["kda"] == "dq, dk, dg, dβ" and largest["delta_rule"] == "per-chunk grads, WY"
 
 
 pick(cpu=stages_recorded, gpu=stages_live)()
 
 # %% [markdown]
-# ## 8. Forward + backward against softmax attention
+# Read the shares, not the sums (the printout under the tables names each operation's largest
+# stage). For GLA with per-dimension gates the intra-chunk gradient tiles and `_dqk_kernel` take
+# the largest shares — the two kernels with float32 walks over the diagonal tiles and the most sums
+# over $K$ and $V$ — and the two sequential kernels (recompute states, reverse pass) less, although
+# theirs is the grid that shrinks at long sequences (§7). For the delta rules the weight sits in
+# the per-chunk gradients through the WY transform and, for KDA with its per-dimension gates, in
+# the gate stage (§11).
+#
+# ## 10. Forward + backward against softmax attention
 #
 # The left panel of the GLA paper's Figure 2, for training: at a fixed number of tokens, the time
 # of one forward + backward of the layer's attention as the sequence grows, beside
 # FlashAttention (causal SDPA) — which costs $O(T)$ per token where the chunkwise form costs
 # $O(C + K)$. On a GPU the cell measures GLA and SDPA live; on a CPU it plots the recorded run
-# (with FLA's `chunk_gla` beside them), if one exists.
+# (with FLA's `chunk_gla` beside them).
 
 # %%
 def fwd_bwd_live():
@@ -463,12 +712,18 @@ else:
     ax.set_xlabel("sequence length T")
     fig.tight_layout()
     plt.show()
+    ours_, sdpa_ = ys["GLA (ours, Triton)"], ys["SDPA causal (FlashAttention)"]
+    cross = next(((a, b) for a, b, oa, ob, sa, sb in zip(Tx, Tx[1:], ours_, ours_[1:], sdpa_, sdpa_[1:])
+                  if oa > sa and ob <= sb), None)
+    print("GLA's forward + backward: from", f"{min(ours_):.2f} to {max(ours_):.2f} ms over these lengths;",
+          "SDPA's from", f"{min(sdpa_):.2f} to {max(sdpa_):.2f} ms;",
+          f"GLA becomes the faster between T = {cross[0]} and {cross[1]}" if cross else "no crossing here")
 
 # %% [markdown]
-# The whole recorded run — every operation, ours beside FLA 0.6.0 and SDPA, with the peak memory
-# of one forward + backward (MiB above what was allocated before the call) — reads as a table.
-# Where FLA refuses its backward on this toolchain (its gated backward for per-head gates, on
-# Hopper with Triton < 3.7.1) the table says so.
+# The whole recorded run — every operation, ours beside FLA and SDPA, with the peak memory of one
+# forward + backward (MiB above what was allocated before the call) — reads as a table. Where FLA
+# refuses its backward on the recorded toolchain (its gated backward for per-head gates, on Hopper
+# with Triton < 3.7.1) the table says so.
 
 # %%
 def train_table(rec):
@@ -480,77 +735,127 @@ def train_table(rec):
     return bench.markdown_table(cols, rows)
 
 
+def family_summary(rec):
+    """Per op: the range of ours/FLA over the lengths, and ours vs FLA in peak memory."""
+    out = {}
+    for op in sorted({r["op"] for r in rec["train"]["rows"]}):
+        rs = [r for r in rec["train"]["rows"] if r["op"] == op and r.get("ratio_fla")]
+        if rs:
+            out[op] = (min(r["ratio_fla"] for r in rs), max(r["ratio_fla"] for r in rs),
+                       max(r["mem_triton"] / r["mem_fla"] for r in rs))
+    return out
+
+
 if rec is None:
     print("No recorded GPU run of the training benchmark yet (book/data/bench_train.json).")
 else:
     print("Recorded run:", bench.run_label(rec["env"]), "\n")
-    print(train_table(rec))
+    print(train_table(rec), "\n")
+    fam = family_summary(rec)
+    for op, (lo, hi, mem) in fam.items():
+        print(f"{op:18s} ours/FLA time {lo:.2f}–{hi:.2f}, peak memory ours/FLA {mem:.2f}")
+    # what the text below says, read from the recorded run
+    assert 0.9 < fam["gla"][0] and fam["gla"][1] < 1.1 and fam["kda"][1] < 1
+    assert fam["linear_attn"][0] > 1 and fam["delta_rule"][0] > 1
+    assert fam["gla"][2] < 1 and fam["kda"][2] < 1 < fam["linear_attn"][2] < fam["delta_rule"][2]
 
 # %% [markdown]
-# Read it by family. GLA with per-dimension gates trains at FLA's speed and KDA faster than FLA at
-# every length; linear attention and DeltaNet take longer (the stages of §7 show where: for
-# DeltaNet the per-chunk gradients through the WY transform and the reverse pass). GLA's
-# forward + backward costs about the same at 1k as at 16k tokens per sequence (the work per token
-# is fixed), while SDPA's grows with $T$, so the lines cross between 4k and 8k. GLA and KDA hold
-# less memory than FLA's; linear attention a little more, DeltaNet more still (it keeps the
-# chunks' C×C matrices for the backward, as the table's memory columns show). KDA's gate stage
-# (step 4 of §9) is where its per-dimension gates cost most: it takes the forward's split, so its
-# sums over a chunk are tensor-core products wherever the chunk's gates decay by less than
-# $e^{60}$ — every chunk of these benchmark gates, $\log\sigma(x)/16$, though not of KDA's own gates
-# as initialised (chapter 10 §3b) — and walks the chunk one gate factor at a time only past that
-# bound.
+# Read it by family, with the last printout's ratios (below 1: ours faster or smaller). GLA with
+# per-dimension gates trains at about FLA's speed, and KDA faster than FLA at every length; linear
+# attention and DeltaNet take longer (§9 shows where: for DeltaNet the per-chunk gradients through
+# the WY transform and the reverse pass). GLA's forward + backward costs about the same at every
+# length (the work per token is fixed), while SDPA's grows with $T$, so the lines cross where the
+# figure's printout says. GLA and KDA hold less memory than FLA's; linear attention a little more,
+# DeltaNet more still (it keeps the chunks' C×C matrices for the backward).
 
 # %% [markdown]
-# ## 9. The delta rules
+# ## 11. The delta rules' backward kernels
 #
 # DeltaNet, Gated DeltaNet and KDA (chapter 11) have their own backward,
-# `linattn/triton/delta_backward.py` and `wy_backward.py`. Their forward runs in three stages —
-# the per-chunk WY factors ($A$, $\mathcal T = (I+A)^{-1}$, $W$, $U$), the state pass that also
-# produces the corrected values $\tilde V = U - W S_{[n-1]}$, and the output — and the backward mirrors
-# them:
-#
-# 1. **Recompute** (or keep, with `recompute=False`) the first two stages: the factors and the
-#    states with $\tilde V$.
-# 2. **One sequential pass** (`_dstate_kernel`, a program per V-block and head, chunks last to
-#    first). The state now feeds back into the chunk through $\tilde V$, so the pass carries more
-#    than GLA's: $d\tilde V = \text{scale}\,A_{qk}^\top dO + (K\odot\Gamma)\, dS_{[n]}$ and
-#    $dS_{[n-1]} = \operatorname{diag}(e^{b_C})\, dS_{[n]} + \text{scale}\,(Q\odot e^{G})^\top dO - W^\top d\tilde V$
-#    (the kernels keep $\text{scale}\,A_{qk}$ and $\text{scale}\,Q\odot e^{G}$, as in chapter 11).
-#    The $-W^\top d\tilde V$ term is the delta rule's correction read backwards.
-# 3. **Per-chunk reductions over $V$** (`_dchunk_kernel`, a program per chunk and head): every
-#    gradient that sums over value dimensions, then the **WY backward** through
-#    $\mathcal T = (I+A)^{-1}$: for $X = \mathcal T Y$, $dY = \mathcal T^\top dX$ and
-#    $dA = -(\mathcal T^\top dX)\,X^\top$ on the strict lower triangle (chapter 12, §6).
-# 4. **The chain rule through the decayed scores and gates** (`wy_backward.gate_stage`, a program
-#    per K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$. For per-dimension gates the sums
-#    over the chunk, $\sum_j dA_{ij}\,e^{b_i - b_j} \odot k_j$ (and the same with
-#    $\text{scale}\,dA_{qk}$ in place of $dA$) and their transposes, take the forward's
-#    split (chapter 11): where the chunk's gates decay by less than $e^{60}$ in every key dimension
-#    of the program, $e^{b_i - b_j} = e^{b_i}\cdot e^{-b_j}$ and each sum is one tensor-core
-#    product, $e^{G}\odot dA\,(K\odot e^{-G})$; past the bound every exponent stays $\le 0$ and the
-#    decay tiles are built one gate factor at a time (walking the columns for the row sums, the
-#    rows for the column sums).
-#
-# Their tests are in `tests/test_triton_backward_delta.py`; the training benchmark of §8 times
-# them beside FLA's `chunk_delta_rule`, `chunk_gated_delta_rule` and `chunk_kda`.
-#
+# `linattn/triton/delta_backward.py` and `wy_backward.py`, derived in chapter 12 (§6). Their
+# forward runs in three stages — the per-chunk WY factors ($A$, $\mathcal T = (I+A)^{-1}$, $W$, $U$),
+# the state pass that also produces the corrected values $\tilde V = U - W S_{[n-1]}$, and the
+# output — and the backward mirrors them:
+
+# %%
+show(delta_backward.backward)
+
+# %% [markdown]
+# **One sequential pass**, `_dstate_kernel` (a program per V-block and head, chunks last to first).
+# The state now feeds back into the chunk through $\tilde V$, so the pass carries more than GLA's:
+# $d\tilde V = \text{scale}\,A_{qk}^\top dO + (K\odot\Gamma)\, dS_{[n]}$ and
+# $dS_{[n-1]} = \operatorname{diag}(e^{b_C})\, dS_{[n]} + \text{scale}\,(Q\odot e^{G})^\top dO - W^\top d\tilde V$
+# (the kernels keep $\text{scale}\,A_{qk}$ and $\text{scale}\,Q\odot e^{G}$, as in chapter 11). The
+# $-W^\top d\tilde V$ term is the delta rule's correction read backwards:
+
+# %%
+show(delta_backward._dstate_kernel)
+
+# %% [markdown]
+# **Per-chunk reductions over $V$**, `_dchunk_kernel` (a program per chunk and head): every
+# gradient that sums over value dimensions, then the **WY backward** through
+# $\mathcal T = (I+A)^{-1}$: for $X = \mathcal T Y$, $dY = \mathcal T^\top dX$ and
+# $dA = -(\mathcal T^\top dX)\,X^\top$ on the strict lower triangle (chapter 12, §6):
+
+# %%
+show(delta_backward._dchunk_kernel)
+
+# %% [markdown]
+# **The chain rule through the decayed scores and gates**, `wy_backward._gate_kernel` (a program per
+# K-block, chunk and head): $dq$, $dk$, $d\beta$ and $dg$. For per-dimension gates the sums over the
+# chunk, $\sum_j dA_{ij}\,e^{b_i - b_j} \odot k_j$ (and the same with $\text{scale}\,dA_{qk}$ in place
+# of $dA$) and their transposes, take the forward's split (chapter 11): where the chunk's gates
+# decay by less than $e^{60}$ in every key dimension of the program, $e^{b_i - b_j} = e^{b_i}\cdot e^{-b_j}$
+# and each sum is one tensor-core product; past the bound every exponent stays $\le 0$ and the
+# decay tiles are built one gate factor at a time (`_columns`). Its gate gradient is chunk-local,
+# like GLA's:
+
+# %%
+show(wy_backward._gate_kernel)
+
+# %% [markdown]
+# Each against the chunk level's backward (`linattn.chunk`, its own `autograd.Function`), and both
+# against float64 autograd through the token loop — DeltaNet, Gated DeltaNet (per-head gates) and
+# KDA, an initial state and a final-state gradient:
+
+# %%
+Td = pick(cpu=40, gpu=600)
+for name, op, kw in (("DeltaNet", "delta_rule", {}), ("Gated DeltaNet", "kda", {"gate": "per_head"}),
+                     ("KDA", "kda", {"gate": "per_dim"})):
+    a = testing.make_inputs(op, B=1, T=Td, H=2, K=16, V=16, initial_state=True, seed=7, device=DEV, **kw)
+    do = torch.randn(a["v"].shape, generator=torch.Generator().manual_seed(8)).to(DEV)
+    dsT = torch.randn(a["initial_state"].shape, generator=torch.Generator().manual_seed(9)).to(DEV)
+    tri, _ = gradients(getattr(lt, op), a, do, dsT, chunk_size=16)
+    chk, _ = gradients(getattr(chunk, op), a, do, dsT, chunk_size=16)
+    ref, _ = gradients(getattr(naive, op), testing.to_float64(a), do.double(), dsT.double())
+    e_chunk = max(testing.rel_err(tri[n], chk[n]) for n in tri)
+    e_true = max(testing.rel_err(tri[n], ref[n]) for n in tri)
+    print(f"{name:15s} Triton vs chunk level: {e_chunk:.1e}   vs float64 autograd: {e_true:.1e}"
+          f"   (worst over d{', d'.join(tri)})")
+    assert e_chunk < 1e-4 and e_true < 1e-4
+
+# %% [markdown]
 # ## Summary
 #
-# * The Triton backward of GLA and linear attention is seven kernels: recompute the states (the
-#   forward's intra-chunk matrix $P$ and cumulated gates are kept), a **reverse pass** over the
-#   state gradients, $dP = \text{scale}\,dO\,V^\top$, the intra-chunk parts of $dq$, $dk$, then $dv$, then
-#   $dq$, $dk$ with their state parts and $\partial L/\partial b$, then $dg$ as a reverse
-#   cumulative sum (within row blocks on chip, across blocks over their totals).
+# * The Triton backward of GLA and linear attention is seven kernels, run in this order: recompute
+#   the states, a **reverse pass** over the state gradients (`_dstates_kernel`), the score gradient
+#   $dP = \text{scale}\,dO\,V^\top$ (`_dA_kernel`), the intra-chunk parts of $dq$, $dk$
+#   (`_intra_grad_kernel`), $dv$ (`_dv_kernel`), $dq$, $dk$ with their state parts and each row
+#   block's gate-gradient sums (`_dqk_kernel`), and $dg$ (`_dg_kernel`). Each was checked above
+#   against the chunk level.
 # * Only the state recomputation and the reverse pass walk the chunks; their grid shrinks as
-#   sequences grow (64 programs at 32k tokens per sequence), everything else has a program per
-#   chunk.
+#   sequences grow, everything else has a program per chunk (or row block, or sub-chunk).
 # * Gradient tiles use the forward's **secondary chunking** — off-diagonal tiles as matmuls with
 #   a reference point chosen so every exponent is $\le 0$ (before the sub-chunk for $dq$, at its
 #   last token for $dk$), diagonal tiles in float32 with decay tiles built one gate factor at a
 #   time: a column walk for $dq$, a row walk (one rank-one tile per row) for $dk$.
-# * The gate gradient's sum runs to the **end of the sequence**, not of the chunk.
-# * `recompute=False` holds the states between forward and backward as well, for one kernel fewer.
+# * The gate gradient is summed **inside each chunk** (chapter 12's chunk-local form): a reverse
+#   cumulative sum, an exclusive prefix of the writes and a carried term, on chip. Summed over the
+#   whole sequence instead, its float32 error grows with the gate strength.
+# * The default recomputes the states (and, except for per-dimension gates, the cumulated gates);
+#   per-dimension gates keep $b$ and $P$ from the forward. `recompute=False` keeps the states too.
+# * Stage timings are taken one synchronised stage at a time: read their shares, not their sum.
 #
 # **Workbook:** `exercises/13_backward_triton.py` — the reverse state pass, an intra-chunk
-# gradient tile, the dk row walk, the gate gradient's scan as kernels, then the whole GLA
-# backward, which lets `impl="mine"` train.
+# gradient tile, the dk row walk and the gate gradient's scan as kernels, then the whole GLA
+# backward, whose pass lets `linattn.gla(..., impl="mine")` train through your kernels.
