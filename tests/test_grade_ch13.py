@@ -312,3 +312,30 @@ def test_passed_backward_trains_through_impl_mine(home):
     ((o64 * do.double()).sum() + (S64 * dS.double()).sum()).backward()
     for n in x:
         assert linattn.testing.rel_err(x[n].grad, y[n].grad) < 1e-4, n
+
+
+lt_gla = linattn.triton.gla
+
+
+def reader_forward(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=32,
+                   sub_chunk_size=16):
+    # Stands in for a reader's workbook-10 kernel
+    return lt_gla(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size)
+
+
+def test_passed_forward_and_backward_train_together(home):
+    kw = linattn.testing.make_inputs("gla", B=1, T=19, H=1, K=16, V=16, seed=4,
+                                     device=linattn.device.default_device())
+    assert check("ch10.gla", reader_forward, seed=2, quiet=True).passed
+    x = {n: a.clone().requires_grad_() for n, a in kw.items()}
+    with pytest.raises(linattn.validate.InputError, match="has no backward pass"):
+        linattn.gla(**x, impl="mine")                          # a forward kernel alone has no backward
+    assert check("ch13.gla_backward", reader_backward, seed=2, quiet=True).passed
+    o, _ = linattn.gla(**x, impl="mine")
+    assert linattn.which("gla").startswith("your ch10.gla") and "with your ch13.gla_backward" in linattn.which("gla")
+    o.square().sum().backward()
+    y = {n: a.double().requires_grad_() for n, a in kw.items()}
+    linattn.naive.gla(**y)[0].square().sum().backward()
+    for n in x:
+        assert linattn.testing.rel_err(x[n].grad, y[n].grad) < 1e-4, n
