@@ -345,9 +345,9 @@ print("targets:", [t if t != mqar.IGNORE else "·" for t in targets[0].tolist()]
 #
 # The sizes come from `pick`, one helper for the device: on a CPU one layer, a width and a
 # vocabulary small enough to train each model within a minute or so of one processor thread; on a
-# GPU two layers and more pairs. Either way $n_{\max}$ is larger than a head's $K$, so a recurrent
-# state cannot keep every pair apart. On a CPU the chapter trains five of the six layers — Gated
-# DeltaNet only on a GPU, where it costs little; the recorded GPU run of section 8 has all six.
+# GPU two layers and more pairs. Either way $n_{\max}$ is at least a head's $K$, so the longest
+# lists fill a recurrent state up to, or past, the $K$ pairs it could keep exactly apart. On a CPU the chapter trains five of the six layers — Gated
+# DeltaNet only on a GPU, to keep the CPU run short; the recorded GPU run of section 8 has all six.
 
 # %%
 CFG = dict(
@@ -360,6 +360,7 @@ LABEL = {"softmax": "softmax (SDPA)", "linear": "linear attention", "gla": "GLA"
 torch.set_num_threads(1)          # the timings below: one CPU thread (GPU kernels are not affected)
 head_k = CFG["d_model"] // CFG["n_heads"]
 print(CFG, f"pairs {PAIRS}, vocab {VOCAB}, head state {head_k}×{head_k}")
+assert PAIRS >= head_k
 
 runs, models = {}, {}
 for name in MODELS:
