@@ -389,14 +389,14 @@ assert max(e_q, e_k) < 1e-5
 # %% [markdown]
 # ## 6. The gate gradient, chunk by chunk: `_dqk_kernel` and `_dg_kernel`
 #
-# The last lines of `_dqk_kernel` evaluate the chunk-local form of §1 over one row block: with
-# $db = q\odot dq - k\odot dk^{\text{intra}}$ and $w = k\odot(\text{write part})$,
-#
-# ```
-# x = tl.cumsum(d_b, axis=0, reverse=True) + (tl.cumsum(w, axis=0) - w) + hD[None, :]
-# ```
-#
-# is $\sum_{t\ge u} db_t + \sum_{j<u} w_j + e^{b_C}\sum_\nu S_{[n-1]}\odot dS_{[n]}$ — a reverse
+# The last lines of `_dqk_kernel` evaluate the chunk-local form of §1 over one row block, with
+# `d_b` $= q\odot dq - k\odot dk^{\text{intra}}$ and `w` $= k\odot(\text{write part})$:
+
+# %%
+show(gated_backward._dqk_kernel, "d_b = q_t", "tl.store(db")
+
+# %% [markdown]
+# The line that forms `x` is $\sum_{t\ge u} db_t + \sum_{j<u} w_j + e^{b_C}\sum_\nu S_{[n-1]}\odot dS_{[n]}$ — a reverse
 # cumulative sum, an *exclusive* prefix sum and the carried term `hD`, all on chip. A row block is
 # the whole chunk when $C \le 64$ (every setting of this chapter); for $C = 128$ or $256$ the kernel
 # also writes each row block's two totals, PyTorch sums them over the chunk's other row blocks
@@ -426,7 +426,7 @@ assert launched["_dg_kernel"]["HAS_CARRY"] is False and max(e_db, e_dg) < 1e-5
 # rounds what it stores; its gates stay float32):
 
 # %%
-Tg = pick(cpu=256, gpu=4096)
+Tg = 256                                                   # the same length on every device
 factors = (1, 6, 36, 216)                                  # gate strength: normal gates times this
 
 
