@@ -451,9 +451,10 @@ print(f"{'mean −g per step':>17} | {'f32: whole':>10} {'chunk-local':>11} | {'
 for (w32, l32, m), (w16, l16, _) in zip(errs[torch.float32], errs[torch.bfloat16]):
     print(f"{m:17.3g} | {w32:10.1e} {l32:11.1e} | {w16:11.1e} {l16:11.1e}")
 (w32, l32, strength), (w16, l16, _) = (list(zip(*errs[dt])) for dt in (torch.float32, torch.bfloat16))
-assert max(l32 + l16) < 1e-4                                        # chunk-local: float32's level
-assert all(w < 3 * l for w, l in zip(w32, l32))                     # float32, this T: alike
-assert w16[-1] > 10 * w16[0] and all(w > 100 * l for w, l in zip(w16, l16))   # bf16: grows, far worse
+assert max(l32) < 1e-4 and all(w < 3 * l for w, l in zip(w32, l32))  # float32, this T: alike
+assert w16[-1] > 10 * w16[0] and w16[-1] > 5 * l16[-1]              # bf16: grows, worse under strong gates
+if linattn.device.triton_mode() == "interpreter":                   # bf16 kernels compute in float32 here
+    assert max(l16) < 1e-4 and all(w > 100 * l for w, l in zip(w16, l16))
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
 for ax, (title, w, l) in zip(axes, (("bf16 inputs", w16, l16), ("float32 inputs (the two nearly coincide)", w32, l32))):
@@ -471,13 +472,15 @@ plt.show()
 # %% [markdown]
 # With bf16 inputs the whole-sequence sum can only start from $dq$, $dk$ as stored, rounded to
 # bf16: their rounding, of the size of $|q\odot dq|$, lands in a gradient that strong gates make
-# small, and the error grows with the gate strength until it is a sizeable part of $dg$. The
+# small, and its error grows with the gate strength until it is a sizeable part of $dg$. The
 # kernels form the chunk-local sums inside `_dqk_kernel` while $dq$, $dk$ are still float32, and
-# leave out the terms that cancel: their error stays at float32's level, whatever the input dtype.
-# With float32 inputs, at this length, the two are alike: both are then limited by the float32
-# cumulative gates, whose rounding ($|b|\cdot 2^{-24}$ in every exponent) grows with the gates
-# too; the whole-sequence sum's own cancellation grows with $T$ as well (chapter 12's table). A
-# chunk-local sum is also the cheaper one: nothing runs across chunks, so the scan stays on chip.
+# leave out the terms that cancel. Under the interpreter a bf16 kernel computes in float32, so
+# their error is float32's; natively its products are bf16 tensor-core products, which put it at
+# bf16's level, still below the whole-sequence sum's under strong gates (the cell checks both). With float32 inputs, at this length, the two are alike: both are then limited by
+# the float32 cumulative gates, whose rounding ($|b|\cdot 2^{-24}$ in every exponent) grows with the
+# gates too; the whole-sequence sum's own cancellation grows with $T$ as well (chapter 12's
+# table). A chunk-local sum is also the cheaper one: nothing runs across chunks, so the scan stays
+# on chip.
 #
 # ## 7. What runs in parallel
 #
@@ -551,12 +554,13 @@ print("at 32k tokens per sequence:", ", ".join(f"{n}: {p} programs" for n, p in 
 # those states can be kept or computed again; the library's `gla(..., recompute=...)` chooses
 # (`linattn/triton/gated.py`, `gated_backward.GatedAttention`):
 #
-# * **`recompute=True`, the default.** The forward runs in its fastest mode (with per-dimension
-#   gates it keeps two input-sized tensors it computed anyway: the chunk-local cumulative gates $b$,
-#   $[B,T,H,K]$ float32, and the intra-chunk matrix $P$, $[B,T,H,C]$ float32). The backward
-#   recomputes the states $S_{[n-1]}$ with the forward's state kernel, and for per-head gates and
-#   linear attention also $b$ (a cheap chunk-local cumsum); $P$ is then never stored — the kernels
-#   rebuild its tiles as products $QK^\top$ where they need them.
+# * **`recompute=True`, the default.** The forward runs as it does without gradients, except that
+#   with per-dimension gates it builds the whole intra-chunk matrix $P$ by secondary chunking
+#   (not chapter 10's split, §3b there) and keeps it, $[B,T,H,C]$ float32, with the chunk-local
+#   cumulative gates $b$, $[B,T,H,K]$ float32: two input-sized tensors it computed anyway. The
+#   backward recomputes the states $S_{[n-1]}$ with the forward's state kernel, and for per-head
+#   gates also $b$ (a chunk-local cumsum). Per-head gates and linear attention never store $P$:
+#   the kernels rebuild its tiles as products $QK^\top$ where they need them.
 # * **`recompute=False`.** The forward runs in its states mode and keeps the states
 #   $[B,H,N,K,V]$ as well (in the dtype the forward stores them in, `gated.chunk_states`), and $b$
 #   for per-head gates: more memory, one kernel fewer.

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ... import outputs, testing
 from ... import triton as lt
+from ...chunk import gla_backward as chunk_gla_backward
 from ...triton import gated, gated_backward as gb
 from ...triton.common import block, compute_dtype
 from ..exercise import Case, Exercise
@@ -560,6 +561,7 @@ EXERCISES = [
                   "chunk_size=32, sub_chunk_size=16) -> (dq, dk, dv, dg, dinitial_state)",
         reference=triton_backward,
         truth=autograd_backward,
+        spec=chunk_gla_backward.gradients,          # the chunk level's algorithm, step by step
         cases=backward_cases,
         tol=GRAD_TOL,
         unlocks=("gla", "triton", "backward"),
