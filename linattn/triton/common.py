@@ -56,10 +56,22 @@ SPLIT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
 
 
 def split_dtype(ieee: bool):
-    """Operand dtype of the split products, whose factors reach e^{60}: float32 for float32 inputs,
-    else bf16, which has float32's range (fp16 overflows at 65504; its float32 products on the tf32
-    path faulted natively at K = 16, Triton 3.6)."""
-    return tl.float32 if ieee else tl.bfloat16
+    """Operand dtype of the split products, whose factors reach e^{60}: float32, for every input
+    dtype. For bf16/fp16 inputs their products run on the tensor cores as tf32 (10 mantissa bits):
+    the operands are computed (q ⊙ e^b, k ⊙ e^{−b}), not inputs, and rounding them to bf16 (7 bits)
+    made the intra-chunk matrix, and so the output and every gradient, up to 1.4× less precise than
+    FLA's, which takes these products in tf32 too. fp16 could not hold e^60 at all."""
+    return tl.float32
+
+
+@triton.jit
+def dot_x3(a, b, IEEE: tl.constexpr):
+    """a @ b of float32 tiles to about float32 precision: three tf32 products natively (relative
+    error ~2⁻²¹), exact under the interpreter or for float32 inputs (IEEE). For a product whose
+    operands are both computed in float32 where one tf32 rounding would show in the result."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, input_precision="tf32x3")
 
 
 def check_kernel_inputs(q) -> None:

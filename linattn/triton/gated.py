@@ -28,8 +28,8 @@ k-sum and the whole chunk is one matmul times a C×C decay mask.
 
 The split (chapter 11's, for KDA): where a chunk decays by less than e^60 in every key dimension,
 which the gates of trained models always do, e^{b_t − b_s} = e^{b_t} · e^{−b_s} with both factors
-in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, its operands in bf16
-(float32 for float32 inputs; fp16 cannot hold e^60: `common.split_dtype`). The plain forward
+in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, its operands in
+float32 (tf32 products for bf16/fp16 inputs, as the off-diagonal tiles: `common.split_dtype`). The plain forward
 builds it that way inside the output kernel and _intra_kernel fills A only for the chunks past the
 bound (`_split_flag` decides for both); a forward that keeps A for the backward computes all of it.
 
@@ -211,13 +211,14 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
             # reference r: cumulative gate just before sub-chunk i
             r = tl.load(b + base + (s0 - 1) * H * K + offs_k, mask=kmask, other=0.0)          # [BK]
             # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
-            q_hat = (q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))).to(COMPUTE)          # [c, BK], ≤ |q|
+            # decayed operands stay float32 (tf32 products for half inputs): `common.split_dtype`
+            q_hat = q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))                         # [c, BK], ≤ |q|
             p_a = a_base + rows[:, None] * H * C
             for j in range(i_i):                              # off-diagonal tiles: tensor-core matmuls
                 p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]                   # rows all < T
                 k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
                 b_j = tl.load(b + base + p_j, mask=kmask[None, :], other=0.0)
-                k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                         # [c, BK], ≤ |k|
+                k_hat = k_j * tl.exp(r[None, :] - b_j)                                       # [c, BK], ≤ |k|
                 A_ij = dot(q_hat, tl.trans(k_hat), IEEE)                                     # [c, c]
                 tl.store(p_a + (j * c + idx)[None, :], A_ij, mask=rmask[:, None])
         # the diagonal tile in float32 by the multiplicative row walk, stored row by row

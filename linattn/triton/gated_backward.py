@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import block, compute_dtype, contiguous, dot, gate_floor, launch, stage, warps
+from .common import block, compute_dtype, contiguous, dot, dot_x3, gate_floor, launch, stage, warps
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
@@ -212,10 +212,10 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]
                 k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
                 b_j = tl.load(b_base + p_j, mask=kmask[None, :], other=0.0)
-                k_hat = (k_j * tl.exp(r[None, :] - b_j)).to(COMPUTE)                          # [c, BK], ≤ |k|
+                k_hat = k_j * tl.exp(r[None, :] - b_j)                                        # [c, BK], ≤ |k|
                 dA_ij = tl.load(a_base + rows[:, None] * H * C + (j * c + idx)[None, :], mask=rmask[:, None],
                                 other=0.0)                                                    # [c, c]
-                dq += dot(dA_ij.to(COMPUTE), k_hat, IEEE)
+                dq += dot(dA_ij, k_hat, IEEE)              # float32 operands: tf32 for half inputs
             dq = dq * tl.exp(tl.minimum(b_i - r[None, :], 0.0))
         else:
             for j in range(i_i):
@@ -240,10 +240,10 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 q_j = tl.load(q + base + p_j, mask=m_j, other=0.0).to(tl.float32)
                 b_j = tl.load(b_base + p_j, mask=m_j, other=0.0)
                 # the clamp keeps rows past T (b = 0 there, q = 0) from overflowing
-                q_hat = (q_j * tl.exp(tl.minimum(b_j - r[None, :], 0.0))).to(COMPUTE)          # [c, BK]
+                q_hat = q_j * tl.exp(tl.minimum(b_j - r[None, :], 0.0))                        # [c, BK]
                 dA_ji = tl.load(a_base + rows_j[:, None] * H * C + (i_i * c + idx)[None, :],
                                 mask=(rows_j < T)[:, None], other=0.0)                         # [c, c]
-                dk += dot(tl.trans(dA_ji).to(COMPUTE), q_hat, IEEE)
+                dk += dot(tl.trans(dA_ji), q_hat, IEEE)
             dk = dk * tl.exp(tl.minimum(r[None, :] - b_i, 0.0))
         else:
             for j in range(i_i + 1, n_sub):
@@ -351,7 +351,12 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
                 b_t = tl.load(b_base + rows * s_b, mask=rmask, other=0.0)
                 A_tj = A_tj * tl.exp(tl.minimum(b_t[:, None] - b_j[None, :], 0.0))
         A_tj = tl.where(rows[:, None] >= cols[None, :], A_tj, 0.0)   # a select: unwritten entries never leak
-        acc += scale * dot(tl.trans(A_tj).to(COMPUTE), do_t, IEEE)
+        if GATE == 2:
+            # A is a float32 intermediate: rounded to bf16 (or tf32) here it cost dv ~1.2× FLA's
+            # error, which takes this product in full float32 precision
+            acc += scale * dot_x3(tl.trans(A_tj), do_t.to(tl.float32), IEEE)
+        else:
+            acc += scale * dot(tl.trans(A_tj).to(COMPUTE), do_t, IEEE)
     tl.store(dv + v_base + cols[:, None] * H * V + offs_v[None, :], acc.to(dv.dtype.element_ty),
              mask=cmask[:, None] & vmask[None, :])
 

@@ -457,8 +457,8 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     and K ⊙ e^{G_C − G} = (K ⊙ e^{−G}) e^{G_C}. A chunk whose gates decay more is flagged in
     `exact` (its outputs are garbage until `_kda_exact_kernel` redoes it).
 
-    The products with the factor e^{−G} (≤ e^{60}) run in SDT (`split_dtype`): bf16 for bf16 and
-    fp16 inputs, float32 for float32."""
+    The products with the factor e^{−G} (≤ e^{60}) take float32 operands (`split_dtype`): tf32
+    products for bf16 and fp16 inputs, exact ones for float32."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0

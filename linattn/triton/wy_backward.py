@@ -20,7 +20,7 @@ The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a
   e^{DIAG_DOT_RANGE} in every key dim of the program (the forward's split, `_kda_split_kernel`),
   E_ijd = e^{G_id} · e^{−G_jd} with both factors in range, so each sum is one tensor-core product:
   Σ_j M_ij E_ij k_j = e^{G_i} ⊙ (M (K ⊙ e^{−G}))_i and Σ_i M_ij E_ij q_i = e^{−G_j} ⊙ (Mᵀ (Q ⊙ e^G))_j
-  (`_split_terms`; operands in bf16 for bf16/fp16 inputs, whose range fp16 lacks). Past the bound
+  (`_split_terms`; float32 operands, tf32 products for bf16/fp16 inputs: `common.split_dtype`). Past the bound
   (log-gates of −20 per token) a factor would overflow, and `_columns` keeps every exponent ≤ 0:
   the row sums walk the columns j = C−1 … 0 and keep the column E_{·j} for all rows (from j + 1 to
   j it multiplies by e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's `_diag_walk`, for
