@@ -72,8 +72,10 @@ def refuse_grad(where: str, **tensors) -> None:
     needy = [name for name, x in tensors.items() if isinstance(x, torch.Tensor) and x.requires_grad]
     if needy and torch.is_grad_enabled():
         _fail(f"{where} has no backward pass, but {', '.join(needy)} require(s) grad: the result "
-              "would be detached from the graph. Use linattn.chunk (or impl='chunk') to train, "
-              "or call under torch.no_grad() / pass detached tensors for inference.")
+              "would be detached from the graph. Use linattn.chunk (or impl='chunk') to train; "
+              "for impl='mine' with a Triton forward, pass the backward exercise of chapter 13 "
+              "(ch13.gla_backward, for GLA) and impl='mine' trains through your backward. Or call "
+              "under torch.no_grad() / pass detached tensors for inference.")
 
 
 def autocast_off(fn):

@@ -12,6 +12,13 @@ def rows(done=None):
     return [(ex.chapter, ex, ex.name in done, ex.unlocks) for ex in catalog.all_exercises()]
 
 
+def _level(unlocks) -> str:
+    """What a pass gives impl='mine': a forward at a level, or (op, 'triton', 'backward') gradients."""
+    if unlocks[2:] == ("backward",):
+        return f"backward: it trains through its {unlocks[1]} forward"
+    return f"{unlocks[1]} level"
+
+
 def progress_text() -> str:
     data, problem = progress.status()
     lines = [f"progress in {progress.home()}"]
@@ -23,7 +30,7 @@ def progress_text() -> str:
         n = sum(r[2] for r in group)
         lines.append(f"chapter {chapter:02d}  {n}/{len(group)} passed")
         for _, ex, ok, unlocks in group:
-            extra = f"  → impl='mine' for {unlocks[0]} ({unlocks[1]} level)" if ok and unlocks else ""
+            extra = f"  → impl='mine' for {unlocks[0]} ({_level(unlocks)})" if ok and unlocks else ""
             lines.append(f"   {'✓' if ok else '·'} {ex.name:<28} {ex.title}{extra}")
     return "\n".join(lines)
 
@@ -40,7 +47,7 @@ def dashboard():
     def refresh(_=None):
         body = "".join(
             f"<tr><td>{ex.chapter:02d}</td><td>{'✅' if ok else '⬜'}</td><td><code>{ex.name}</code>"
-            f"</td><td>{ex.title}</td><td>{'mine → ' + un[0] if ok and un else ''}</td></tr>"
+            f"</td><td>{ex.title}</td><td>{f'mine → {un[0]} ({_level(un)})' if ok and un else ''}</td></tr>"
             for _, ex, ok, un in rows())
         n = sum(r[2] for r in rows())
         html.value = (f"<b>{n}/{len(rows())} exercises passed</b><table><tr><th>ch</th><th></th>"

@@ -1,9 +1,10 @@
 """Data-dependent forget gates, produced in log space.
 
-The GLA paper's gate (section 4.4): α_t = σ(x_t W₁ W₂ + b)^{1/τ}, a low-rank product (rank 16) so the
-gate costs O(d·16 + 16·d_k) parameters instead of O(d·d_k), and a temperature τ = 16 that keeps α
-near 1 (σ saturates fast; its 16th root decays slowly, so the state remembers long). The kernels
-take log-decays, and the paper applies τ in log space:
+The GLA paper's gate (Yang et al., seed 002): §3.1 defines α_t = σ(x_t W_α + b_α) with a temperature
+τ, and its footnote applies τ in log space, log α_t = log σ(·) / 16 — the 16th root of a sigmoid stays
+near 1 (σ saturates fast), so the state remembers long. §3.4 (the GLA-Transformer) makes W_α low-rank,
+W_α¹ W_α² of shapes d×16 and 16×d_k, so the gate costs O(d·16 + 16·d_k) parameters instead of
+O(d·d_k), and drops the value-side gate (β_t = 1). The kernels take log-decays:
 
     log α_t = logsigmoid(x_t W₁ W₂ + b) / τ   ≤ 0
 
