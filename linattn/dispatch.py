@@ -21,7 +21,7 @@ from .validate import InputError
 OPS = ("linear_attn", "gla", "delta_rule", "kda")
 LEVELS = ("naive", "chunk", "triton")
 IMPLS = ("auto",) + LEVELS + ("mine",)
-SEMANTIC = {"scale", "initial_state", "output_final_state"}  # never dropped, unlike tuning knobs
+SEMANTIC = {"scale", "initial_state", "output_final_state", "cu_seqlens"}  # never dropped, unlike knobs
 
 _preferred: dict[str, str] = {}
 _last: dict[str, str] = {}
@@ -116,6 +116,9 @@ def keywords(op: str, fn, desc: str, kwargs: dict) -> dict:
 
 
 def _unknown(op, name, names, desc):
+    if name == "cu_seqlens":
+        return (f"linattn.{op}: {desc.split(' (')[0]} does not take cu_seqlens (packed sequences) yet; "
+                f"linattn.chunk.{op} and linattn.naive.{op} do: pass impl='chunk'")
     known = sorted(names | KNOBS | {"impl"})
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if close:

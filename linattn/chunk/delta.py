@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import decay, outputs
+from .. import decay, outputs, packing
 from ..naive.delta import check_keys
 from ..naive.linear import initial
 from ..validate import autocast_off, check_chunk, check_inputs, refuse_func_transforms
@@ -61,7 +61,7 @@ from .gla_tiles import _blocks
 
 @autocast_off
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=64, recompute=True):
+               chunk_size=64, recompute=True, cu_seqlens=None):
     """Chunkwise DeltaNet; same results as `linattn.naive.delta_rule`.
 
     recompute: for training, whether the backward recomputes the chunk states (True, less memory)
@@ -70,6 +70,10 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
     A NaN or inf input is refused when the value checks run (CPU tensors, by default); unchecked it
     makes the outputs of its whole chunk non-finite, earlier tokens included (linattn.validate).
     """
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(delta_rule, dict(q=q, k=k, v=v, beta=beta), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state,
+                                    chunk_size=chunk_size, recompute=recompute)
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_chunk(chunk_size)
     check_keys(k, beta)
@@ -80,11 +84,15 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
 
 @autocast_off
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=64, recompute=True):
+        chunk_size=64, recompute=True, cu_seqlens=None):
     """Chunkwise KDA (g [B,T,H,K]) / Gated DeltaNet (g [B,T,H]); same results as `naive.kda`.
 
     recompute and non-finite inputs: see `delta_rule`.
     """
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(kda, dict(q=q, k=k, v=v, g=g, beta=beta), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state,
+                                    chunk_size=chunk_size, recompute=recompute)
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
     check_chunk(chunk_size)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import decay, outputs
+from .. import decay, outputs, packing
 from . import gla_tiles
 from ..naive.linear import initial
 from ..validate import (FLOAT_DTYPES, Dims, InputError, autocast_off, check_chunk, check_inputs,
@@ -41,7 +41,7 @@ from ..validate import (FLOAT_DTYPES, Dims, InputError, autocast_off, check_chun
 
 @autocast_off
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-        sub_chunk_size=16, inter_dtype=None, recompute=True):
+        sub_chunk_size=16, inter_dtype=None, recompute=True, cu_seqlens=None):
     """Chunkwise GLA; same results as `linattn.naive.gla`.
 
     With grad enabled and an input that requires it, the hand-written chunkwise backward of
@@ -52,6 +52,11 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     A NaN or inf input is refused when the value checks run (CPU tensors, by default); unchecked it
     makes the outputs of its whole chunk non-finite, earlier tokens included (linattn.validate).
     """
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(gla, dict(q=q, k=k, v=v, g=g), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state,
+                                    chunk_size=chunk_size, sub_chunk_size=sub_chunk_size,
+                                    inter_dtype=inter_dtype, recompute=recompute)
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_chunk(chunk_size, sub_chunk_size)
     refuse_func_transforms("linattn.chunk.gla")

@@ -16,13 +16,18 @@ makes the outputs of its whole chunk non-finite, earlier tokens included (linatt
 """
 from __future__ import annotations
 
+from .. import packing
 from ..validate import autocast_off, check_chunk, check_inputs, refuse_func_transforms
 from .gated import ChunkwiseGated, Plan, forward, needs_grad
 
 
 @autocast_off
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-                recompute=True):
+                recompute=True, cu_seqlens=None):
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(linear_attn, dict(q=q, k=k, v=v), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state,
+                                    chunk_size=chunk_size, recompute=recompute)
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
     check_chunk(chunk_size)
     refuse_func_transforms("linattn.chunk.linear_attn")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import outputs, validate
+from .. import outputs, packing, validate
 from ..validate import InputError, check_inputs
 from .linear import initial
 
@@ -45,16 +45,26 @@ def check_keys(k, beta):
             "F.normalize(k, dim=-1); linattn.validate.value_checks(False) skips this check.")
 
 
-def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False):
+def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
+               cu_seqlens=None):
     """DeltaNet: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(delta_rule, dict(q=q, k=k, v=v, beta=beta), cu_seqlens,
+                                    scale=scale, initial_state=initial_state,
+                                    output_final_state=output_final_state)
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_keys(k, beta)
     return _recurrence(q, k, v, None, beta, d, initial_state, output_final_state)
 
 
-def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False):
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+        cu_seqlens=None):
     """KDA ([B,T,H,K] gates) / Gated DeltaNet ([B,T,H] gates):
     S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(kda, dict(q=q, k=k, v=v, g=g, beta=beta), cu_seqlens,
+                                    scale=scale, initial_state=initial_state,
+                                    output_final_state=output_final_state)
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
     check_keys(k, beta)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from .. import decay, outputs
+from .. import decay, outputs, packing
 from ..validate import check_inputs
 from .linear import initial
 
 
-def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False):
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Recurrent form: decay the state row by row, add k_tᵀ v_t, read it with q_t."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(gla, dict(q=q, k=k, v=v, g=g), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state)
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     q, k, v_ = (x.to(d.acc) for x in (q, k, v))
     a = decay.per_dim(g, q).to(d.acc).exp()                           # [B, T, H, K or 1]

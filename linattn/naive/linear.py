@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import outputs
+from .. import outputs, packing
 from ..validate import check_inputs
 
 
@@ -17,8 +17,12 @@ def initial(initial_state, d, device):
     return initial_state.to(d.acc).clone()
 
 
-def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False):
+def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False,
+                cu_seqlens=None):
     """Recurrent form: S_t = S_{t-1} + k_tᵀ v_t, then o_t = scale · q_t S_t."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence(linear_attn, dict(q=q, k=k, v=v), cu_seqlens, scale=scale,
+                                    initial_state=initial_state, output_final_state=output_final_state)
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
     q, k, v_ = (x.to(d.acc) for x in (q, k, v))
     S = initial(initial_state, d, q.device)                          # [B, H, K, V]

@@ -1,0 +1,93 @@
+"""Packed sequences: documents of different lengths back to back in one row, cut by `cu_seqlens`.
+
+The convention of flash-linear-attention. q, k, v (and g, beta) hold N sequences one after the
+other in a single row, B = 1 and T their total length; `cu_seqlens` (int64, [N+1]) holds the
+cumulative lengths 0 = c_0 ≤ c_1 ≤ … ≤ c_N = T, sequence n being the tokens c_n … c_{n+1} − 1.
+Initial and final states are one per sequence, [N, H, K, V]. A sequence may be empty (its final
+state is then its initial state).
+
+The result is that of each sequence run alone, gradients included: no state, no chunk and no
+gradient crosses a boundary. The naive and chunk levels get it the direct way, `per_sequence`:
+each sequence is its own call, chunked from its own start, so a chunk never straddles a boundary
+and a sequence's result does not depend on where it sits in the row. Autograd joins the pieces:
+the slices and the concatenation route every gradient to its own sequence.
+"""
+from __future__ import annotations
+
+import torch
+
+from .validate import Dims, InputError, _tensor, check_finite, check_inputs, checking_values
+
+
+def check_cu_seqlens(cu_seqlens, d: Dims, device, initial_state=None) -> list[int]:
+    """Refuse a bad `cu_seqlens` (and an initial_state that is not one per sequence) before any
+    work, naming the argument; return the boundaries [c_0, …, c_N] as ints.
+
+    Reads the N + 1 boundaries to the host (one synchronisation): the levels that take packed
+    sequences loop over them anyway. Never writes to cu_seqlens."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        _fail(f"cu_seqlens must be a torch.Tensor (int64, [N+1]), got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1:
+        _fail(f"cu_seqlens must be 1-D, [N+1] cumulative lengths, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype != torch.int64:
+        # int32 is flash-attention's convention; converting is cheap but a copy, so it is the caller's
+        _fail(f"cu_seqlens must have dtype torch.int64 (torch.long), got {cu_seqlens.dtype}; "
+              "pass cu_seqlens.long()")
+    if cu_seqlens.numel() < 2:
+        _fail(f"cu_seqlens must hold N+1 ≥ 2 boundaries [0, …, T], got {cu_seqlens.tolist()}")
+    if cu_seqlens.device != device:
+        _fail(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}; put it on q's device")
+    if d.B != 1:
+        _fail(f"with cu_seqlens the sequences are packed into one row: q must have B = 1, got "
+              f"B = {d.B}; concatenate the rows along T and pass their boundaries")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0:
+        _fail(f"cu_seqlens must start at 0, got cu_seqlens[0] = {bounds[0]}")
+    if bounds[-1] != d.T:
+        _fail(f"cu_seqlens must end at T = {d.T} (q's length), got cu_seqlens[-1] = {bounds[-1]}")
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if b < a:
+            _fail(f"cu_seqlens must be non-decreasing (cumulative lengths), got cu_seqlens[{i}] = "
+                  f"{a} > cu_seqlens[{i + 1}] = {b}")
+    if initial_state is not None:
+        _tensor("initial_state", initial_state, 4, None, device)
+        want = [len(bounds) - 1, d.H, d.K, d.V]
+        if list(initial_state.shape) != want:
+            _fail(f"initial_state must have shape [N, H, K, V] = {want} with cu_seqlens (one state "
+                  f"per sequence, N = len(cu_seqlens) − 1), got {tuple(initial_state.shape)}")
+        if checking_values(initial_state):
+            check_finite("initial_state", initial_state)
+    return bounds
+
+
+def per_sequence(fn, inputs: dict, cu_seqlens, *, scale=None, initial_state=None,
+                 output_final_state=False, **knobs):
+    """Run `fn` (a level's operation) on each packed sequence alone; join outputs and final states.
+
+    inputs: fn's positional tensors by name (q, k, v and g and/or beta), all [1, T, H, ...].
+    The whole row is validated first, so an error names positions in the row, not in a piece.
+    Returns (o [1, T, H, V], final states [N, H, K, V] or None)."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    g, beta = inputs.get("g"), inputs.get("beta")
+    d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, gate="g" in inputs, delta="beta" in inputs)
+    bounds = check_cu_seqlens(cu_seqlens, d, q.device, initial_state)
+    if beta is not None:
+        from .naive.delta import check_keys          # naive.delta imports this module
+        check_keys(k, beta)
+    outs, finals = [], []
+    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        h0 = None if initial_state is None else initial_state[n:n + 1]
+        if start == end:                              # empty: the state passes through unchanged
+            finals.append(torch.zeros(1, d.H, d.K, d.V, dtype=d.acc, device=q.device)
+                          if h0 is None else h0.to(d.acc))
+            continue
+        o, S = fn(*(x[:, start:end] for x in inputs.values()), scale=scale, initial_state=h0,
+                  output_final_state=output_final_state, **knobs)
+        outs.append(o)
+        finals.append(S)
+    o = torch.cat(outs, dim=1)
+    return o, (torch.cat(finals) if output_final_state else None)
+
+
+def _fail(msg: str):
+    raise InputError(msg)

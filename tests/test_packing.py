@@ -1,0 +1,203 @@
+"""Packed sequences (cu_seqlens) at the naive and chunk levels.
+
+Several sequences back to back in one row (B = 1) with their boundaries in cu_seqlens must give
+exactly what each sequence gives alone: outputs, final states [N, H, K, V] and every gradient
+(q, k, v, g, β, initial state), with an incoming gradient on the final states, in float64 and
+float32, for lengths from 1 to a few hundred, empty sequences next to each other and at the ends.
+A sequence's result does not depend on where it sits in the row (chunks start at its own start).
+Bad cu_seqlens is refused by name before any work, and the caller's tensors are never written.
+"""
+import pytest
+import torch
+
+import linattn
+from linattn import chunk, naive, packing, testing
+from linattn.validate import InputError
+
+# empty sequences at both ends and side by side, single tokens, lengths across chunk boundaries
+LENGTHS = [0, 1, 37, 0, 0, 130, 1, 64, 17, 0]
+H, K, V = 2, 8, 6
+VARIANTS = [(op, gate) for op, gate in testing.VARIANTS.values()]   # all six, gate shape per op
+KNOBS = {"naive": {}, "chunk": {"chunk_size": 16, "sub_chunk_size": 4}}
+
+
+def bounds(lengths):
+    return [0] + torch.tensor(lengths).cumsum(0).tolist()
+
+
+def make(op, gate, dtype, lengths=LENGTHS, seed=0):
+    """Packed inputs [1, T, ...] with one initial state per sequence [N, H, K, V], and random
+    incoming gradients for the output and the final states."""
+    args = testing.make_inputs(op, B=1, T=sum(lengths), H=H, K=K, V=V, gate=gate or "per_dim",
+                               seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    args["initial_state"] = torch.randn(len(lengths), H, K, V, generator=gen)
+    w_o = torch.randn(1, sum(lengths), H, V, generator=gen)
+    w_S = torch.randn(len(lengths), H, K, V, generator=gen)
+    if dtype == torch.float64:
+        args, w_o, w_S = testing.to_float64(args), w_o.double(), w_S.double()
+    return args, w_o, w_S
+
+
+def knobs(level, op):
+    kw = dict(KNOBS[level])
+    if op != "gla":
+        kw.pop("sub_chunk_size", None)
+    return kw
+
+
+def leaves(args):
+    return {n: a.detach().clone().requires_grad_() for n, a in args.items()}
+
+
+def packed(fn, args, cu, w_o, w_S, **kw):
+    """(o, final states, gradients by name) of one packed call, its buffers NaN-poisoned."""
+    x = leaves(args)
+    with testing.poisoned():
+        o, S = fn(**x, cu_seqlens=cu, output_final_state=True, **kw)
+        ((o * w_o.to(o.dtype)).sum() + (S * w_S.to(S.dtype)).sum()).backward()
+    return o, S, {n: a.grad for n, a in x.items()}
+
+
+def alone(fn, args, lengths, w_o, w_S, **kw):
+    """The same, from each sequence run alone on fresh tensors, joined along T (N for states).
+    An empty sequence has no tokens: its final state is its initial state, whose gradient is
+    the incoming one."""
+    outs, finals, grads = [], [], {n: [] for n in args}
+    b = bounds(lengths)
+    for n, (s, e) in enumerate(zip(b, b[1:])):
+        h0 = args["initial_state"][n:n + 1]
+        if s == e:
+            finals.append(h0.to(w_S.dtype))
+            grads["initial_state"].append(w_S[n:n + 1].to(h0.dtype))
+            continue
+        x = leaves({n_: (h0 if n_ == "initial_state" else a[:, s:e]) for n_, a in args.items()})
+        o, S = fn(**x, output_final_state=True, **kw)
+        ((o * w_o[:, s:e].to(o.dtype)).sum() + (S * w_S[n:n + 1].to(S.dtype)).sum()).backward()
+        outs.append(o.detach())
+        finals.append(S.detach())
+        for name, a in x.items():
+            grads[name].append(a.grad)
+    joined = {name: torch.cat(gs, dim=0 if name == "initial_state" else 1) for name, gs in grads.items()}
+    return torch.cat(outs, 1), torch.cat(finals), joined
+
+
+def assert_close(got, want, tol, what):
+    o, S, gr = got
+    o_ref, S_ref, gr_ref = want
+    errs = {"o": testing.rel_err(o, o_ref), "final state": testing.rel_err(S, S_ref)}
+    errs.update({f"d{n}": testing.rel_err(gr[n], gr_ref[n]) for n in gr_ref})
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"{what}: relative errors above {tol:g}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("level", ["naive", "chunk"])
+@pytest.mark.parametrize("op,gate", VARIANTS)
+def test_packed_equals_each_sequence_alone(op, gate, level, dtype):
+    args, w_o, w_S = make(op, gate, dtype)
+    fn, kw = getattr(getattr(linattn, level), op), knobs(level, op)
+    cu = torch.tensor(bounds(LENGTHS))
+    got = packed(fn, args, cu, w_o, w_S, **kw)
+    # the same level, each sequence alone: the same arithmetic, so float64 precision in both dtypes
+    same = 1e-12 if dtype == torch.float64 else 1e-6
+    assert_close(got, alone(fn, args, LENGTHS, w_o, w_S, **kw), same, f"{level} packed vs alone")
+    # and the ground truth: the float64 recurrence, each sequence alone
+    ref = alone(getattr(naive, op), testing.to_float64(args), LENGTHS, w_o.double(), w_S.double())
+    assert_close(got, ref, testing.GRAD_TOLERANCE[dtype], f"{level} packed vs float64 naive")
+
+
+@pytest.mark.parametrize("op,gate", [("gla", "per_dim"), ("kda", "per_dim"), ("delta_rule", None)])
+def test_result_does_not_depend_on_position(op, gate):
+    """One sequence of 21 tokens packed after 0, 5 and 16 others: its output and final state are
+    the same each time (each sequence is chunked from its own start, never across a boundary)."""
+    fn = getattr(chunk, op)
+    seq, _, _ = make(op, gate, torch.float64, lengths=[21], seed=3)
+    results = []
+    for before in (0, 5, 16):
+        other, _, _ = make(op, gate, torch.float64, lengths=[before + 11], seed=4)
+        row = {n: (torch.cat([other[n][:, :before], seq[n], other[n][:, before:]], 1)
+                   if n != "initial_state" else torch.cat([other[n], seq[n], other[n]]))
+               for n in seq}
+        o, S = fn(**row, cu_seqlens=torch.tensor([0, before, before + 21, before + 32]),
+                  output_final_state=True, chunk_size=16)
+        results.append((o[:, before:before + 21], S[1]))
+    for o, S in results[1:]:
+        assert torch.equal(o, results[0][0]) and torch.equal(S, results[0][1])
+
+
+@pytest.mark.parametrize("level", ["naive", "chunk"])
+def test_without_initial_state_and_final_state(level):
+    """No initial state: every sequence starts from zeros; output_final_state=False gives None."""
+    args, _, _ = make("gla", "per_head", torch.float64, lengths=[3, 0, 9])
+    h0 = args.pop("initial_state")
+    fn = getattr(getattr(linattn, level), "gla")
+    cu = torch.tensor([0, 3, 3, 12])
+    o, S = fn(**args, cu_seqlens=cu, output_final_state=True)
+    o2, S2 = fn(**args, cu_seqlens=cu, initial_state=torch.zeros_like(h0).double(),
+                output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(S, S2) and not S[1].any()
+    assert fn(**args, cu_seqlens=cu)[1] is None
+
+
+def test_inputs_and_cu_seqlens_never_written():
+    """Layers that overwrite the caller's cu_seqlens break the next layer: nothing here writes it,
+    nor q, k, v, g, β or the initial states, forward or backward."""
+    args, w_o, w_S = make("kda", "per_dim", torch.float32, lengths=[5, 0, 40])
+    cu = torch.tensor([0, 5, 5, 45])
+    before = {n: a.clone() for n, a in args.items()}, cu.clone()
+    for level in ("naive", "chunk"):
+        packed(getattr(getattr(linattn, level), "kda"), args, cu, w_o, w_S)
+    assert torch.equal(cu, before[1])
+    assert all(torch.equal(args[n], a) for n, a in before[0].items())
+
+
+T_BAD = 12
+BAD = [  # (change to the packed call, what the message must say)
+    (dict(cu_seqlens=torch.tensor([[0, 5, 12]])), r"cu_seqlens must be 1-D"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 12], dtype=torch.int32)), r"cu_seqlens must have dtype torch.int64"),
+    (dict(cu_seqlens=torch.tensor([0.0, 5.0, 12.0])), r"cu_seqlens must have dtype torch.int64"),
+    (dict(cu_seqlens=[0, 5, 12]), r"cu_seqlens must be a torch.Tensor"),
+    (dict(cu_seqlens=torch.tensor([12])), r"cu_seqlens must hold N\+1 ≥ 2 boundaries"),
+    (dict(cu_seqlens=torch.tensor([1, 5, 12])), r"cu_seqlens must start at 0, got cu_seqlens\[0\] = 1"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 11])), r"cu_seqlens must end at T = 12"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 13])), r"cu_seqlens must end at T = 12"),
+    (dict(cu_seqlens=torch.tensor([0, 7, 5, 12])), r"non-decreasing.*cu_seqlens\[1\] = 7 > cu_seqlens\[2\] = 5"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 12], device="meta")), r"cu_seqlens is on meta but q is on cpu"),
+    (dict(initial_state=torch.zeros(3, H, K, V)), r"initial_state must have shape \[N, H, K, V\] = \[2, 2, 8, 6\]"),
+    (dict(initial_state=torch.zeros(2, H, K, V + 1)), r"initial_state must have shape \[N, H, K, V\]"),
+    (dict(initial_state=torch.zeros(1, H, K, V)), r"one state per sequence"),
+    (dict(batch=2), r"q must have B = 1, got B = 2"),
+]
+
+
+@pytest.mark.parametrize("change,match", BAD)
+@pytest.mark.parametrize("fn", [naive.linear_attn, chunk.linear_attn, naive.gla, chunk.gla,
+                                naive.delta_rule, chunk.delta_rule, naive.kda, chunk.kda,
+                                linattn.kda])
+def test_bad_cu_seqlens_named_before_any_work(fn, change, match, monkeypatch):
+    op = fn.__name__
+    gate = "per_dim" if op in ("gla", "kda") else None
+    change = dict(change)
+    args, _, _ = make(op, gate, torch.float32, lengths=[5, 7])
+    if change.pop("batch", 1) == 2:
+        args = {n: torch.cat([a, a]) for n, a in args.items()}
+    args.update({"cu_seqlens": torch.tensor([0, 5, T_BAD]), **change})
+    calls = []
+    real = packing.per_sequence
+    monkeypatch.setattr(packing, "per_sequence", lambda f, *a, **kw: real(
+        lambda *x, **y: calls.append(1), *a, **kw))    # no sequence may run before the refusal
+    with pytest.raises(InputError, match=match):
+        fn(**args)
+    assert not calls
+
+
+def test_dispatch_passes_cu_seqlens_and_triton_refuses_it():
+    args, _, _ = make("gla", "per_dim", torch.float64, lengths=[3, 9])
+    cu = torch.tensor([0, 3, 12])
+    o, S = linattn.gla(**args, cu_seqlens=cu, output_final_state=True)        # CPU: the chunk level
+    o_n, S_n = linattn.gla(**args, cu_seqlens=cu, output_final_state=True, impl="naive")
+    assert testing.rel_err(o, o_n) < 1e-12 and testing.rel_err(S, S_n) < 1e-12
+    args = {n: a.float() for n, a in args.items()}
+    with pytest.raises(linattn.KeywordError, match=r"linattn.triton.gla does not take cu_seqlens .*impl='chunk'"):
+        linattn.gla(**args, cu_seqlens=cu, impl="triton")
