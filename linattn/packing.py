@@ -89,5 +89,43 @@ def per_sequence(fn, inputs: dict, cu_seqlens, *, scale=None, initial_state=None
     return o, (torch.cat(finals) if output_final_state else None)
 
 
+def per_sequence_grads(fn, inputs: dict, do, cu_seqlens, *, scale=None, initial_state=None,
+                       dfinal_state=None) -> dict:
+    """Run a reverse walk of `linattn.naive.backward` on each packed sequence alone; join the
+    gradients (dinitial_state along N, the others along T).
+
+    do [1, T, H, V]; dfinal_state [N, H, K, V] or None. An empty sequence has no tokens, so the
+    gradient of its initial state is the incoming gradient of its final state."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    g, beta = inputs.get("g"), inputs.get("beta")
+    d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, gate="g" in inputs, delta="beta" in inputs)
+    bounds = check_cu_seqlens(cu_seqlens, d, q.device, initial_state)
+    N = len(bounds) - 1
+    if not isinstance(do, torch.Tensor) or list(do.shape) != [1, d.T, d.H, d.V]:
+        _fail(f"do must be a tensor of the output's shape [1, T, H, V] = {[1, d.T, d.H, d.V]}, "
+              f"got {getattr(do, 'shape', type(do).__name__)}")
+    if dfinal_state is not None and (not isinstance(dfinal_state, torch.Tensor)
+                                     or list(dfinal_state.shape) != [N, d.H, d.K, d.V]):
+        _fail(f"dfinal_state must have shape [N, H, K, V] = {[N, d.H, d.K, d.V]} with cu_seqlens, "
+              f"got {getattr(dfinal_state, 'shape', type(dfinal_state).__name__)}")
+    parts, dh0 = [], []
+    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        h0 = None if initial_state is None else initial_state[n:n + 1]
+        dS = None if dfinal_state is None else dfinal_state[n:n + 1]
+        if start == end:
+            if h0 is not None:
+                dh0.append(torch.zeros_like(h0) if dS is None else dS.to(h0.dtype))
+            continue
+        part = fn(*(x[:, start:end] for x in inputs.values()), do[:, start:end], scale=scale,
+                  initial_state=h0, dfinal_state=dS)
+        if h0 is not None:
+            dh0.append(part["dinitial_state"])
+        parts.append(part)
+    out = {name: torch.cat([p[name] for p in parts], dim=1) for name in parts[0]
+           if name != "dinitial_state"}
+    out["dinitial_state"] = None if initial_state is None else torch.cat(dh0)
+    return out
+
+
 def _fail(msg: str):
     raise InputError(msg)

@@ -201,3 +201,44 @@ def test_dispatch_passes_cu_seqlens_and_triton_refuses_it():
     args = {n: a.float() for n, a in args.items()}
     with pytest.raises(linattn.KeywordError, match=r"linattn.triton.gla does not take cu_seqlens .*impl='chunk'"):
         linattn.gla(**args, cu_seqlens=cu, impl="triton")
+
+
+BACKWARD = {"linear_attn": naive.backward.linear_attn_backward, "gla": naive.backward.gla_backward,
+            "delta_rule": naive.backward.delta_rule_backward, "kda": naive.backward.kda_backward}
+
+
+@pytest.mark.parametrize("op,gate", VARIANTS)
+@pytest.mark.parametrize("init", [True, False])
+def test_reverse_walks_take_packed_rows(op, gate, init):
+    """linattn.naive.backward's explicit reverse walks (chapter 12) on a packed row give autograd's
+    gradients through the packed token loop; an empty sequence hands its final-state gradient
+    straight to its initial state."""
+    lengths = [0, 4, 0, 0, 19, 1, 0]
+    args, w_o, w_S = make(op, gate, torch.float64, lengths=lengths)
+    if not init:
+        args.pop("initial_state")
+    cu = torch.tensor(bounds(lengths))
+    _, _, want = packed(getattr(naive, op), args, cu, w_o, w_S)
+    names = [n for n in ("q", "k", "v", "g", "beta") if n in args]      # positional order
+    got = BACKWARD[op](*(args[n] for n in names), w_o, cu_seqlens=cu, dfinal_state=w_S,
+                       initial_state=args.get("initial_state"))
+    for n in names:
+        assert testing.rel_err(got["d" + n], want[n]) < 1e-12, n
+    if init:
+        assert testing.rel_err(got["dinitial_state"], want["initial_state"]) < 1e-12
+        assert torch.equal(got["dinitial_state"][0], w_S[0])
+    else:
+        assert got["dinitial_state"] is None
+
+
+def test_reverse_walk_refuses_bad_gradients():
+    args, w_o, w_S = make("gla", "per_dim", torch.float64, lengths=[3, 9])
+    cu = torch.tensor([0, 3, 12])
+    q, k, v, g, h0 = (args[n] for n in ("q", "k", "v", "g", "initial_state"))
+    with pytest.raises(InputError, match=r"do must be a tensor of the output's shape \[1, T, H, V\]"):
+        naive.backward.gla_backward(q, k, v, g, w_o[:, :5], cu_seqlens=cu)
+    with pytest.raises(InputError, match=r"dfinal_state must have shape \[N, H, K, V\] = \[2, 2, 8, 6\]"):
+        naive.backward.gla_backward(q, k, v, g, w_o, cu_seqlens=cu, dfinal_state=w_S[:1])
+    with pytest.raises(InputError, match=r"cu_seqlens must end at T = 12"):
+        naive.backward.gla_backward(q, k, v, g, w_o, cu_seqlens=torch.tensor([0, 3, 11]),
+                                    initial_state=h0)

@@ -36,34 +36,54 @@ from __future__ import annotations
 
 import torch
 
-from .. import decay
+from .. import decay, packing
 from ..validate import InputError, check_inputs
 from .linear import initial
 
 
-def linear_attn_backward(q, k, v, do, *, scale=None, initial_state=None, dfinal_state=None):
+def linear_attn_backward(q, k, v, do, *, scale=None, initial_state=None, dfinal_state=None,
+                         cu_seqlens=None):
     """dq, dk, dv, dinitial_state of o_t = scale · q_t S_t, S_t = S_{t−1} + k_tᵀ v_t."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence_grads(linear_attn_backward, dict(q=q, k=k, v=v), do, cu_seqlens,
+                                          scale=scale, initial_state=initial_state,
+                                          dfinal_state=dfinal_state)
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
     grads = _gated_walk(q, k, v, None, do, d, initial_state, dfinal_state)
     return _typed(grads, q=q, k=k, v=v, initial_state=initial_state)
 
 
-def gla_backward(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=None):
+def gla_backward(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=None,
+                 cu_seqlens=None):
     """dq, dk, dv, dg (from the recurrence), dinitial_state of GLA; g [B,T,H] or [B,T,H,K]."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence_grads(gla_backward, dict(q=q, k=k, v=v, g=g), do, cu_seqlens,
+                                          scale=scale, initial_state=initial_state,
+                                          dfinal_state=dfinal_state)
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     grads = _gated_walk(q, k, v, g, do, d, initial_state, dfinal_state)
     return _typed(grads, q=q, k=k, v=v, g=g, initial_state=initial_state)
 
 
-def delta_rule_backward(q, k, v, beta, do, *, scale=None, initial_state=None, dfinal_state=None):
+def delta_rule_backward(q, k, v, beta, do, *, scale=None, initial_state=None, dfinal_state=None,
+                        cu_seqlens=None):
     """dq, dk, dv, dbeta, dinitial_state of DeltaNet (and dk_read, the part of dk from k_t S')."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence_grads(delta_rule_backward, dict(q=q, k=k, v=v, beta=beta), do,
+                                          cu_seqlens, scale=scale, initial_state=initial_state,
+                                          dfinal_state=dfinal_state)
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     grads = _delta_walk(q, k, v, None, beta, do, d, initial_state, dfinal_state)
     return _typed(grads, q=q, k=k, v=v, beta=beta, initial_state=initial_state)
 
 
-def kda_backward(q, k, v, g, beta, do, *, scale=None, initial_state=None, dfinal_state=None):
+def kda_backward(q, k, v, g, beta, do, *, scale=None, initial_state=None, dfinal_state=None,
+                 cu_seqlens=None):
     """KDA ([B,T,H,K] gates) / Gated DeltaNet ([B,T,H]): the delta rule's gradients plus dg."""
+    if cu_seqlens is not None:                                        # packed: each sequence alone
+        return packing.per_sequence_grads(kda_backward, dict(q=q, k=k, v=v, g=g, beta=beta), do,
+                                          cu_seqlens, scale=scale, initial_state=initial_state,
+                                          dfinal_state=dfinal_state)
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
     grads = _delta_walk(q, k, v, g, beta, do, d, initial_state, dfinal_state)
