@@ -15,7 +15,7 @@ from linattn import chunk, naive, packing, testing
 from linattn.validate import InputError
 
 # empty sequences at both ends and side by side, single tokens, lengths across chunk boundaries
-LENGTHS = [0, 1, 37, 0, 0, 130, 1, 64, 17, 0]
+LENGTHS = [0, 1, 37, 0, 0, 230, 1, 64, 17, 0]
 H, K, V = 2, 8, 6
 VARIANTS = [(op, gate) for op, gate in testing.VARIANTS.values()]   # all six, gate shape per op
 KNOBS = {"naive": {}, "chunk": {"chunk_size": 16, "sub_chunk_size": 4}}
