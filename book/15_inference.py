@@ -569,6 +569,11 @@ assert errs[torch.bfloat16] > 100 * errs[torch.float32]
 # * A recurrent layer carries $H\cdot K\cdot V$ numbers per sequence at any length; softmax
 #   attention carries $2Ld$ per layer and reads them all for every token.
 #
-# **Workbook:** `exercises/14_layers.py` has decoding as its last exercise (`ch14.decode`): one step
-# of the layer that carries both the recurrent state and the short convolution's cache, run token by
-# token, graded against the whole-sequence layer.
+# **Workbook:** `exercises/15_inference.py` — prefill a right-padded batch of prompts into each
+# prompt's own state in one call (`ch15.padded_prefill`, graded against every prompt run alone) and
+# the distribution of temperature and top-k sampling (`ch15.next_token_probs`); each grader names
+# the usual mistakes (padding left unmasked, the decay or the write left on, the mask off by one;
+# the temperature multiplied, top-k not renormalised or one too wide). Decoding itself is the last
+# exercise of `exercises/14_layers.py` (`ch14.decode`): one step of the layer that carries both the
+# recurrent state and the short convolution's cache, run token by token, graded against the
+# whole-sequence layer.
