@@ -199,7 +199,7 @@ def test_dispatch_passes_cu_seqlens_and_triton_refuses_it():
     o_n, S_n = linattn.gla(**args, cu_seqlens=cu, output_final_state=True, impl="naive")
     assert testing.rel_err(o, o_n) < 1e-12 and testing.rel_err(S, S_n) < 1e-12
     args = {n: a.float() for n, a in args.items()}
-    with pytest.raises(linattn.KeywordError, match=r"linattn.triton.gla does not take cu_seqlens .*impl='chunk'"):
+    with pytest.raises(linattn.InputError, match=r"^cu_seqlens: linattn.triton.gla does not take packed sequences .*impl='chunk'"):
         linattn.gla(**args, cu_seqlens=cu, impl="triton")
 
 

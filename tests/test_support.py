@@ -61,3 +61,13 @@ def test_gla_sub_chunks_past_the_range_are_refused():
     assert o.shape == a["v"].shape
     with pytest.raises(InputError, match="^sub_chunk_size must be at most 64"):
         tri.gla(**a, chunk_size=128, sub_chunk_size=2 * support.MAX_TRITON_SUB_CHUNK)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_packed_sequences_are_refused_by_name(op):
+    """The Triton level does not take cu_seqlens yet: an InputError naming it and the levels that do,
+    before the initial state [N, H, K, V] could be refused as a wrong shape."""
+    fn, a = args(op)
+    a["initial_state"] = torch.zeros(2, 1, 16, 16)
+    with pytest.raises(InputError, match=rf"^cu_seqlens: linattn.triton.{fn} does not take packed sequences"):
+        getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4]))

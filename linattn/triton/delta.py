@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..naive.delta import check_keys
-from ..support import check_triton
+from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, launch,
                      num_sms, tile)
@@ -67,11 +67,12 @@ def state_block(V, BH, sms=None):
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=64, recompute=True):
+               chunk_size=64, recompute=True, cu_seqlens=None):
     """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t.
 
     Differentiable (linattn/triton/delta_backward.py); recompute=False keeps the forward's chunk
     factors and states for the backward instead of recomputing them (more memory, less work)."""
+    refuse_packed("delta_rule", cu_seqlens)
     d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
     check_triton("delta_rule", q, d.K, d.V, chunk_size)
     check_keys(k, beta)
@@ -79,10 +80,11 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=64, recompute=True):
+        chunk_size=64, recompute=True, cu_seqlens=None):
     """KDA (g [B,T,H,K]) or Gated DeltaNet (g [B,T,H]) on the GPU:
     S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t).
     Differentiable; `recompute` as in `delta_rule`."""
+    refuse_packed("kda", cu_seqlens)
     d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                      gate=True, delta=True)
     check_triton("kda", q, d.K, d.V, chunk_size)

@@ -54,7 +54,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import outputs
-from ..support import check_triton
+from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
                      gate_floor, launch, num_sms, split_dtype, warps)
@@ -620,13 +620,14 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-        sub_chunk_size=16, mode="auto", recompute=True):
+        sub_chunk_size=16, mode="auto", recompute=True, cu_seqlens=None):
     """Gated linear attention; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc.
 
     Differentiable: when an input requires grad, the Triton backward of gated_backward.py runs
     (recompute=True recomputes the chunk states there, False keeps them from the forward)."""
     from .gated_backward import run        # imports this module: deferred to the call
 
+    refuse_packed("gla", cu_seqlens)
     d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
     check_triton("gla", q, d.K, d.V, chunk_size, sub_chunk_size)
     return run(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,

@@ -6,14 +6,15 @@ Per chunk of C tokens with S the state before it (chapter 09 builds this kernel 
 """
 from __future__ import annotations
 
-from ..support import check_triton
+from ..support import check_triton, refuse_packed
 from ..validate import check_inputs
 from .gated_backward import run
 
 
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-                mode="auto", recompute=True):
+                mode="auto", recompute=True, cu_seqlens=None):
     """Differentiable: the Triton backward of gated_backward.py with no gate (`recompute` as in gla)."""
+    refuse_packed("linear_attn", cu_seqlens)
     d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
     check_triton("linear_attn", q, d.K, d.V, chunk_size)
     return run(q, k, v, None, d, initial_state=initial_state, output_final_state=output_final_state,
