@@ -462,10 +462,10 @@ print(f"KV cache = recurrent state at L = H·K·V / (2d) = d / (2H) = {cross:g} 
 # unfused step (`linattn.naive.step`, one PyTorch operation per stage, each a pass over $S$) and
 # softmax attention over a preallocated KV cache, beside the floor bytes ÷ bandwidth, with the
 # bandwidth measured as a copy on the same device. The chapter runs it live at the size
-# `linattn.device` chooses (small on a CPU, the anchor heads $H = 16$, $K = V = 128$ in bf16 on a
-# GPU); its first line names the device, date and versions that produced the numbers. On a CPU the
-# fused step runs in Triton's interpreter, where a time would measure Python: it is checked against
-# the unfused step but not timed.
+# `linattn.device` chooses (small heads in float32 on a CPU; on a GPU the heads of the book's
+# benchmark setting, in bf16); the first line of its report names the setting and the device, date
+# and versions that produced the numbers. On a CPU the fused step runs in Triton's interpreter,
+# where a time would measure Python: it is checked against the unfused step but not timed.
 
 # %%
 import importlib.util
