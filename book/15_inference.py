@@ -485,7 +485,8 @@ else:
     print(bench_decode.report(run))
 
 # %%
-if run:
+def plot_decode(run):
+    """The report's times per decode step against L, with the floors, and the share of the floor."""
     Lr, t, fl, by = run["L"], run["ms"], run["floor_ms"], run["bytes"]
     flat = lambda x: [x] * len(Lr)                                   # noqa: E731  the same at every L
     series = {"unfused step (naive)": (flat(t["unfused"]), flat(fl["recurrent"]), "C0"),
@@ -500,17 +501,37 @@ if run:
     a1.plot(Lr, fl["softmax"], ls="--", color="C3", label="floor: KV cache read")
     a1.set_ylabel("ms per decode step (one layer's memory)"); a1.set_yscale("log")
     a1.set_title(f"{run['setting']['op']}, B = {run['setting']['B']}, H = {run['setting']['H']}, "
-                 f"K = V = {run['setting']['K']} · {run['env']['device']}")
+                 f"K = V = {run['setting']['K']} · {run['env']['device']}, {run['env']['date']}")
     a2.set_ylabel("floor ÷ measured time"); a2.set_yscale("log")
     a2.set_title("share of the bandwidth floor reached")
     for a in (a1, a2):
         a.set_xscale("log", base=2); a.set_xlabel("context length L (tokens already read)")
-        a.legend(fontsize=8, loc="best")
-    plt.tight_layout(); plt.show()
+    fig.legend(*a1.get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8)  # below the data
+    plt.tight_layout(rect=(0, 0.07, 1, 1)); plt.show()
     # The arithmetic the text states: the recurrent step's bytes stay put, the cache's grow with L.
     assert by["softmax"] == sorted(by["softmax"]) and by["softmax"][-1] > by["recurrent"]
     print(f"the softmax step reads more than the recurrent step moves from L ≈ "
           f"{by['recurrent'] / (by['softmax'][-1] / Lr[-1]):.0f} tokens on")
+
+
+if run:
+    plot_decode(run)
+
+# %% [markdown]
+# On a CPU the fused kernel cannot be timed, so the chapter also shows a run of the same tool on a
+# GPU when one has been recorded (`book/data/decode_gpu.json`, written by
+# `python tools/bench_decode.py --size full --out book/data/decode_gpu.json`), with the device,
+# date and versions that produced it.
+
+# %%
+recorded = bench.recorded_run("decode_gpu.json")
+if run and DEVICE == "cpu":
+    if recorded:
+        print("recorded GPU run:\n" + bench_decode.report(recorded))
+        plot_decode(recorded)
+    else:
+        print("No GPU run recorded yet: on a GPU, `python tools/bench_decode.py --size full "
+              "--out book/data/decode_gpu.json` records one.")
 
 # %% [markdown]
 # Read the figure by its floors. The recurrent floor is flat: a step costs the same at any context.
