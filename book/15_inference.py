@@ -185,7 +185,8 @@ for L, (eo, eS) in zip(lens, row_errors(o_pad, S_pad)):
 # The fix makes a padded token a no-op of the recurrence. A token leaves $S$ unchanged when its
 # decay is $e^{0} = 1$ and it writes nothing: $g_t = 0$, and $k_t = 0$ (linear attention, GLA) or
 # $\beta_t = 0$ (the delta rule, whose write $\beta_t k_t^\top(v_t - k_t S)$ then vanishes). So
-# multiply $g$, $k$ and $\beta$ by a mask that is 1 on a row's real tokens and 0 on its padding:
+# multiply $g$, $k$ and $\beta$ by a mask that is 1 on a row's real tokens and 0 on its padding
+# (workbook 15's `ch15.padded_prefill` asks for this, and names the masks that miss a term):
 
 # %%
 real = (torch.arange(T, device=DEVICE)[None, :] < torch.tensor(lens, device=DEVICE)[:, None]).float()
@@ -268,7 +269,8 @@ for name in ("gla", "kda"):
 # temperature $\theta$ sharpens the distribution below 1 and flattens it above. *Top-k* keeps only
 # the $k$ largest logits (the others get probability 0). A seeded `torch.Generator` makes the draws
 # reproducible. As $\theta \to 0$ all the probability goes to the largest logit: greedy decoding is
-# sampling at temperature 0, and top-$k$ with $k = 1$ is greedy at any temperature.
+# sampling at temperature 0, and top-$k$ with $k = 1$ is greedy at any temperature. (Workbook 15's
+# `ch15.next_token_probs` asks for the distribution $p$.)
 
 
 # %%
