@@ -134,7 +134,7 @@ def calls(full: bool):
     import torch
     import linattn.triton as lt
     from linattn.triton import step
-    from linattn import testing
+    from linattn import support, testing
 
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     # (B, H, T, SMs): the wrappers choose blocks and modes by B·H against the SM count: a problem of
@@ -176,6 +176,8 @@ def calls(full: bool):
                 tag = f"K={K} V={V} B={B} H={H} T={T} SMs={sms} {str(dtype)[6:]} h0={h0} " + (
                     f"backward recompute={recompute}" if backward else "forward")
                 for C, c in gla_chunks:
+                    if C > support.max_triton_chunk("gla", dtype):
+                        continue             # refused before any launch (float32 stops earlier)
                     kw = dict(chunk_size=C, recompute=recompute)
                     if c == 16:
                         out.append((f"linear_attn C={C} {tag}", run("linear_attn", base, B, H, T, K, V, dtype,
