@@ -16,6 +16,8 @@ import difflib
 import importlib
 import inspect
 
+import torch
+
 from .validate import InputError
 
 OPS = ("linear_attn", "gla", "delta_rule", "kda")
@@ -64,6 +66,8 @@ def resolve(op: str, impl: str, is_cuda: bool):
 
 
 def call(op: str, impl: str, args: tuple, kwargs: dict):
+    if torch.compiler.is_compiling() and _compilable(op, impl):
+        return _custom_op(op, impl, args, kwargs)
     is_cuda = args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False
     mine = impl == "mine" or (impl == "auto" and _preferred.get(op) == "mine")
     if mine and op in _in_mine:
@@ -81,6 +85,25 @@ def call(op: str, impl: str, args: tuple, kwargs: dict):
     finally:
         _in_mine.discard(op)
         _last[op] = desc   # the inner call said "reference"; what ran was the reader's
+
+
+def _compilable(op, impl) -> bool:
+    """Whether a call under torch.compile goes through the custom op (linattn.ops): every level of
+    the library does; the reader's own implementation ("mine") is traced as it is written."""
+    return (_preferred.get(op, "auto") if impl == "auto" else impl) != "mine"
+
+
+def _custom_op(op, impl, args, kwargs):
+    """linattn.<op> under torch.compile: the custom op linattn::<op>, one node of the graph (dynamo
+    cannot trace the levels themselves). Same results as the eager call: the op runs the same level.
+    Keywords are checked against the op's options (unknown ones raise KeywordError); one the level
+    lacks is refused or dropped when the op runs, as in `keywords`."""
+    level = _preferred.get(op, "auto") if impl == "auto" else impl
+    kwargs = dict(kwargs)
+    want_state = kwargs.pop("output_final_state", False)
+    o, S = ops.call(op, args, level=level, **kwargs)
+    _last[op] = f"linattn::{op} (custom op, level {level})"
+    return o, (S if want_state else None)
 
 
 # Keywords that choose how a result is computed, never what it is: every chunk size, sub-chunk
@@ -174,3 +197,6 @@ def delta_rule(q, k, v, beta, *, impl="auto", **kwargs):
 def kda(q, k, v, g, beta, *, impl="auto", **kwargs):
     """S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
     return call("kda", impl, (q, k, v, g, beta), kwargs)
+
+
+from . import ops  # noqa: E402  (the custom ops call back into this module's level_fn and keywords)

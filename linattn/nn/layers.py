@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import dispatch, naive
+from .. import dispatch, naive, ops
 from ..validate import InputError
 from .conv import ShortConv
 from .gates import TAU, LogGate
@@ -86,6 +86,11 @@ class RecurrentLayer(nn.Module):
                              {"initial_state": S0, "output_final_state": True})
 
     def step(self, q, k, v, args, S0):
+        if torch.compiler.is_compiling():
+            # one node of the compiled graph (dynamo cannot trace the step's value checks); the
+            # custom op runs the same step as below
+            level = "triton" if self.fused_step(q, k, v, S0, *args) else "naive"
+            return ops.call(self.op + "_step", (q, k, v, *args), state=S0, level=level)
         if self.fused_step(q, k, v, S0, *args):
             from ..triton import step as fused
 
