@@ -134,8 +134,9 @@ def _run(spec: Spec, tensors, opts):
 def _forward(spec: Spec):
     def impl(*args):
         o, S = _run(spec, *spec.split(args))
-        # a custom op's outputs may not alias its inputs (a state passed through unchanged)
-        return tuple(x.clone() if _aliases(x, args) else x for x in (o, S))
+        # a custom op's outputs may not alias its inputs (a state passed through unchanged), and
+        # are contiguous, as the fake implementation says (inductor checks the strides)
+        return tuple(x.clone() if _aliases(x, args) else x.contiguous() for x in (o, S))
     return impl
 
 
@@ -174,7 +175,8 @@ def _backward_impl(spec: Spec):
         with torch.enable_grad(), _autograd_on(), value_checks(False):
             o, S = _run(spec, leaves, opts)
             grads = torch.autograd.grad((o, S), wrt, (do, dS), allow_unused=True)
-        grads = [torch.zeros_like(x) if gx is None else gx for gx, x in zip(grads, wrt)]
+        # contiguous, as the fake implementation says (an input may be a strided view)
+        grads = [x.new_zeros(x.shape) if gx is None else gx.contiguous() for gx, x in zip(grads, wrt)]
         if h0 is None:
             grads.append(tensors[0].new_empty(0))
         return tuple(grads)
@@ -199,8 +201,8 @@ def _backward_fake(spec: Spec):
     def fake(do, dS, *args):
         tensors, opts = spec.split(args)
         h0 = opts[spec.state]
-        return (*(torch.empty_like(x) for x in tensors),
-                tensors[0].new_empty(0) if h0 is None else torch.empty_like(h0))
+        return (*(x.new_empty(x.shape) for x in tensors),
+                tensors[0].new_empty(0) if h0 is None else h0.new_empty(h0.shape))
     return fake
 
 
