@@ -98,6 +98,7 @@ def _custom_op(op, impl, args, kwargs):
     cannot trace the levels themselves). Same results as the eager call: the op runs the same level.
     Keywords are checked against the op's options (unknown ones raise KeywordError); one the level
     lacks is refused or dropped when the op runs, as in `keywords`."""
+    _check(op, impl)
     level = _preferred.get(op, "auto") if impl == "auto" else impl
     kwargs = dict(kwargs)
     want_state = kwargs.pop("output_final_state", False)
