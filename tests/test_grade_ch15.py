@@ -9,25 +9,13 @@ import pytest
 import torch
 
 import linattn
-from linattn.grade import check
+from planted import assert_named, verdicts
 
-SEEDS = (0, 1, 2)
 
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
-
-
-def verdicts(name, fn, seeds=SEEDS):
-    return [check(name, fn, seed=s, record=False, quiet=True) for s in seeds]
-
-
-def assert_named(name, fn, diagnosis):
-    """Rejected for every seed, and the verdict names the mistake (`diagnosis` is a fragment of it)."""
-    for r in verdicts(name, fn):
-        assert not r.passed, f"{name}: the planted mistake passed (seed {r.seed})"
-        assert "diagnosis" in r.message and diagnosis in r.message, r.message
 
 
 # ---------------------------------------------------------------- a reader's solution, with bugs

@@ -10,28 +10,17 @@ import pytest
 import torch
 
 import linattn  # before triton: without a GPU it switches Triton's interpreter on
-from linattn.grade import check, reference
+from linattn.grade import reference
+from planted import assert_named, verdicts
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-SEEDS = (0, 1, 2)
 
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
-
-
-def verdicts(name, fn, seeds=SEEDS):
-    return [check(name, fn, seed=s, record=False, quiet=True) for s in seeds]
-
-
-def assert_named(name, fn, diagnosis):
-    """Rejected for every seed, and the verdict names the mistake (`diagnosis` is a fragment of it)."""
-    for r in verdicts(name, fn):
-        assert not r.passed, f"{name}: the planted mistake passed (seed {r.seed})"
-        assert "diagnosis" in r.message and diagnosis in r.message, r.message
 
 
 # ---------------------------------------------------------------- a reader's solution, with bugs
