@@ -459,7 +459,7 @@ print(f"KV cache = recurrent state at L = H·K·V / (2d) = d / (2H) = {cross:g} 
 # A decode step is memory-bound, so the question to ask of it is how close it comes to the time
 # its bytes take at the memory's bandwidth. Per step and layer, a recurrent layer must read $S$ and
 # write it back — $2\cdot B H K V$ float32 numbers, at every $L$ — and softmax attention must read
-# its whole cache, $2\cdot B H L D$ numbers in the model's dtype. `tools/bench_decode.py` times one
+# its whole cache, $2\cdot B H L D$ numbers in the model's dtype. `linattn.bench_decode` times one
 # step of the memory alone (no projections) for a batch of sequences: the fused Triton step, the
 # unfused step (`linattn.naive.step`, one PyTorch operation per stage, each a pass over $S$) and
 # softmax attention over a preallocated KV cache, beside the floor bytes ÷ bandwidth, with the
@@ -470,21 +470,10 @@ print(f"KV cache = recurrent state at L = H·K·V / (2d) = d / (2H) = {cross:g} 
 # where a time would measure Python: it is checked against the unfused step but not timed.
 
 # %%
-import importlib.util
-from pathlib import Path
+from linattn import bench_decode
 
-tool = next((d / "tools" / "bench_decode.py" for d in (Path.cwd(), *Path.cwd().parents)
-             if (d / "tools" / "bench_decode.py").exists()), None)
-run = None
-if tool is None:
-    print("tools/bench_decode.py comes with a checkout of the repository (not with the wheel): "
-          "clone it to run this measurement.")
-else:
-    spec = importlib.util.spec_from_file_location("bench_decode", tool)
-    bench_decode = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_decode)
-    run = bench_decode.measure(progress=lambda _: None)
-    print(bench_decode.report(run))
+run = bench_decode.measure(progress=lambda _: None)
+print(bench_decode.report(run))
 
 # %%
 def plot_decode(run):
@@ -516,8 +505,7 @@ def plot_decode(run):
           f"{by['recurrent'] / (by['softmax'][-1] / Lr[-1]):.0f} tokens on")
 
 
-if run:
-    plot_decode(run)
+plot_decode(run)
 
 # %% [markdown]
 # On a CPU the fused kernel cannot be timed, so the chapter also shows a run of the same tool on a
@@ -527,7 +515,7 @@ if run:
 
 # %%
 recorded = bench.recorded_run("decode_gpu.json")
-if run and DEVICE == "cpu":
+if DEVICE == "cpu":
     if recorded:
         print("recorded GPU run:\n" + bench_decode.report(recorded))
         plot_decode(recorded)
