@@ -16,6 +16,11 @@ dispatcher (impl="auto": Triton on CUDA, chunk on the CPU; `impl=` overrides); a
 through the one-token step (linattn.naive.step; the fused Triton step on CUDA at inference). Both
 start from the state passed in and return the state after the last token, so a prompt (prefill) and
 the tokens generated after it (decode) are the same computation cut at different places.
+
+`forward(x, state=None, cu_seqlens=None)`: with cu_seqlens (linattn.packing) x [1, T, d] holds N
+sequences back to back. The projections are per token; the short convolution and the operation
+take the boundaries, so each sequence is computed as if alone, and the state returned is one per
+sequence ([N, H, K, V] and [N, w−1, C]): the state a batched decode step of N rows continues from.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from .. import dispatch, naive, ops
 from ..validate import InputError
 from .conv import ShortConv
 from .gates import TAU, LogGate
-from .state import LayerState, check_state, check_x, new_owner
+from .state import LayerState, check_packed, check_state, check_x, new_owner
 
 
 class RecurrentLayer(nn.Module):
@@ -60,25 +65,31 @@ class RecurrentLayer(nn.Module):
     def extras(self, x, q, k):
         return q, k, ()
 
-    def forward(self, x, state: LayerState | None = None):
+    def forward(self, x, state: LayerState | None = None, cu_seqlens=None):
         check_x(x, self.d_model)
-        check_state(state, self.owner, x.shape[0])
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.head_k, self.head_v
+        check_packed(cu_seqlens, x, (H, K, V))
+        check_state(state, self.owner, x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1,
+                    packed=cu_seqlens is not None)
         qkv = self.qkv(x)                                             # [B, T, 2HK + HV]
         conv_cache = None
         if self.conv is not None:
-            qkv, conv_cache = self.conv(qkv, state.conv if state else None)
+            qkv, conv_cache = self.conv(qkv, state.conv if state else None, cu_seqlens)
         q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
         q, k, v = q.unflatten(-1, (H, K)), k.unflatten(-1, (H, K)), v.unflatten(-1, (H, V))
         q, k, args = self.extras(x, q, k)
-        o, S = self.run(q, k, v, args, state.memory if state else None)  # o [B, T, H, V]
+        o, S = self.run(q, k, v, args, state.memory if state else None, cu_seqlens)  # o [B, T, H, V]
         o = self.norm(o).flatten(-2) * F.silu(self.out_gate(x))
         seen = (state.seen if state else 0) + T
         return self.out(o.to(x.dtype)), LayerState(S, conv_cache, self.owner, seen)
 
-    def run(self, q, k, v, args, S0):
-        """o [B, T, H, V], S [B, H, K, V]: one token by the step, a sequence by the chunked op."""
+    def run(self, q, k, v, args, S0, cu_seqlens=None):
+        """o [B, T, H, V], S [B, H, K, V]: one token by the step, a sequence by the chunked op
+        (packed sequences always by the op: one packed token may be a whole sequence or none)."""
+        if cu_seqlens is not None:
+            return dispatch.call(self.op, self.impl, (q, k, v, *args), {
+                "initial_state": S0, "output_final_state": True, "cu_seqlens": cu_seqlens})
         if q.shape[1] == 1:
             o, S = self.step(q[:, 0], k[:, 0], v[:, 0], [a[:, 0] for a in args], S0)
             return o[:, None], S

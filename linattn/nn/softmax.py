@@ -33,7 +33,12 @@ class SoftmaxAttention(nn.Module):
         """Numbers in the KV cache per sequence after `length` tokens: 2 · L · d."""
         return 2 * length * self.d_model
 
-    def forward(self, x, state: LayerState | None = None):
+    def forward(self, x, state: LayerState | None = None, cu_seqlens=None):
+        if cu_seqlens is not None:
+            # a packed row would need a block-diagonal causal mask, and its KV caches (of unequal
+            # lengths) a padded layout for decoding; refused rather than attending across documents
+            raise InputError("cu_seqlens: SoftmaxAttention does not take packed sequences; pad the "
+                             "batch to [B, T, d] instead (the recurrent layers of linattn.nn take it)")
         check_x(x, self.d_model)
         check_state(state, self.owner, x.shape[0])
         B, T, _ = x.shape

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..validate import InputError
+from ..packing import check_cu_seqlens
+from ..validate import Dims, InputError
 
 _ids = itertools.count()
 
@@ -26,7 +27,7 @@ class LayerState:
     memory: torch.Tensor          # recurrent state [B, H, K, V]; for softmax attention: keys [B, H, L, K]
     conv: torch.Tensor | None     # the last (width − 1) inputs of the short convolution [B, w−1, C]
     owner: int                    # which layer made it
-    seen: int                     # tokens consumed so far
+    seen: int                     # tokens consumed so far (packed: by the whole row)
     values: torch.Tensor | None = None  # softmax attention only: the value cache [B, H, L, V]
 
     @property
@@ -50,7 +51,17 @@ def check_x(x, d_model: int) -> None:
         raise InputError(f"x must hold at least one sequence and one token, got shape {tuple(x.shape)}")
 
 
-def check_state(state, owner: int, batch: int) -> None:
+def check_packed(cu_seqlens, x, hkv) -> None:
+    """Refuse a bad cu_seqlens before any work, with linattn.packing's check (x [1, T, d] packed).
+    Under torch.compile the check is the operation's, when the graph runs: reading the boundaries
+    to the host here would break the graph."""
+    if cu_seqlens is None or torch.compiler.is_compiling():
+        return
+    dims = Dims(x.shape[0], x.shape[1], *hkv, scale=1.0, acc=torch.float32)
+    check_cu_seqlens(cu_seqlens, dims, x.device)
+
+
+def check_state(state, owner: int, batch: int, packed: bool = False) -> None:
     if state is None:
         return
     if not isinstance(state, LayerState):
@@ -58,4 +69,5 @@ def check_state(state, owner: int, batch: int) -> None:
     if state.owner != owner:
         raise InputError("state was made by another layer; pass each layer the state it returned")
     if state.batch != batch:
-        raise InputError(f"state holds a batch of {state.batch} sequences but x has {batch}")
+        where = f"cu_seqlens holds {batch}" if packed else f"x has {batch}"
+        raise InputError(f"state holds a batch of {state.batch} sequences but {where}")
