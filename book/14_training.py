@@ -426,8 +426,9 @@ print("ranking by recall at n_max:", " > ".join(LABEL[n] for n in ranking))
 #
 # Each trained model answers fresh sequences with $n = 2 \dots 2n_{\max}$ pairs: up to $n_{\max}$
 # it has seen such sequences, beyond it has not (and longer lists than it was trained on test
-# whether its memory generalises). To see what the state size is worth, a few of the recurrent
-# models are trained once more with half as many heads of twice the width — the same number of
+# whether its memory generalises). To see what the state size is worth, two of the recurrent
+# models (linear attention and DeltaNet, `WIDER` below; the others only as trained, to keep the run
+# short) are trained once more with half as many heads of twice the width — the same number of
 # parameters in $q, k, v$, twice the state ($H\cdot K\cdot V = d^2/H$).
 
 # %%
@@ -448,10 +449,10 @@ print(f"spread between the recurrent layers at one state size: {spread:.3f}")
 print("gain from twice the state:", ", ".join(f"{LABEL[n]} {gain[n]:+.3f}" for n in gain))
 
 # %% [markdown]
-# The left panel shows recall against the length of the test sequence, one line per model. The
-# right one shows recall at $n_{\max}$ for each model, one row each: a ring for the model as
-# trained above, a filled dot for the same layer with twice the state, each labelled with its
-# state size (for softmax attention, its cache at the longest training sequence).
+# The left panel shows recall against the length of the test sequence, one line per model. The right
+# one shows recall at $n_{\max}$ for each model, one row each: a ring for the model as trained
+# above, a filled dot for the same layer with twice the state (the `WIDER` ones), each labelled with
+# its state size (for softmax attention, its cache at the longest training sequence).
 
 # %%
 ns = sorted({2, PAIRS // 2, PAIRS, 3 * PAIRS // 2, 2 * PAIRS} | set(range(2, 2 * PAIRS + 1, max(1, PAIRS // 4))))
