@@ -79,22 +79,26 @@ class RecurrentLayer(nn.Module):
         q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
         q, k, v = q.unflatten(-1, (H, K)), k.unflatten(-1, (H, K)), v.unflatten(-1, (H, V))
         q, k, args = self.extras(x, q, k)
-        o, S = self.run(q, k, v, args, state.memory if state else None, cu_seqlens)  # o [B, T, H, V]
+        S0 = state.memory if state else None
+        o, S = self.run(q, k, v, args, S0) if cu_seqlens is None else \
+            self.run_packed(q, k, v, args, S0, cu_seqlens)               # o [B, T, H, V]
         o = self.norm(o).flatten(-2) * F.silu(self.out_gate(x))
         seen = (state.seen if state else 0) + T
         return self.out(o.to(x.dtype)), LayerState(S, conv_cache, self.owner, seen)
 
-    def run(self, q, k, v, args, S0, cu_seqlens=None):
-        """o [B, T, H, V], S [B, H, K, V]: one token by the step, a sequence by the chunked op
-        (packed sequences always by the op: one packed token may be a whole sequence or none)."""
-        if cu_seqlens is not None:
-            return dispatch.call(self.op, self.impl, (q, k, v, *args), {
-                "initial_state": S0, "output_final_state": True, "cu_seqlens": cu_seqlens})
+    def run(self, q, k, v, args, S0):
+        """o [B, T, H, V], S [B, H, K, V]: one token by the step, a sequence by the chunked op."""
         if q.shape[1] == 1:
             o, S = self.step(q[:, 0], k[:, 0], v[:, 0], [a[:, 0] for a in args], S0)
             return o[:, None], S
         return dispatch.call(self.op, self.impl, (q, k, v, *args),
                              {"initial_state": S0, "output_final_state": True})
+
+    def run_packed(self, q, k, v, args, S0, cu_seqlens):
+        """o [1, T, H, V], S [N, H, K, V]: always by the chunked op, even for T = 1 (one packed
+        token may be a whole sequence, with empty ones beside it)."""
+        return dispatch.call(self.op, self.impl, (q, k, v, *args), {
+            "initial_state": S0, "output_final_state": True, "cu_seqlens": cu_seqlens})
 
     def step(self, q, k, v, args, S0):
         if torch.compiler.is_compiling():
