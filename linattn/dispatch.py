@@ -53,11 +53,22 @@ def level_fn(op: str, level: str):
     return fn
 
 
+def device_level(is_cuda: bool) -> str:
+    """The level "auto" means when no level is preferred: Triton for CUDA tensors, else the chunk level."""
+    return "triton" if is_cuda else "chunk"
+
+
+def chosen(op: str, impl: str) -> str:
+    """impl, with "auto" replaced by the level set_impl preferred for op (still "auto" without one)."""
+    return _preferred.get(op, "auto") if impl == "auto" else impl
+
+
 def resolve(op: str, impl: str, is_cuda: bool):
     """(function, description) that `impl` means for `op` on this device."""
     _check(op, impl)
+    impl = chosen(op, impl)
     if impl == "auto":
-        impl = _preferred.get(op) or ("triton" if is_cuda else "chunk")
+        impl = device_level(is_cuda)
     if impl == "mine":
         from .grade.progress import load_mine
 
@@ -69,7 +80,7 @@ def call(op: str, impl: str, args: tuple, kwargs: dict):
     if torch.compiler.is_compiling() and _compilable(op, impl):
         return _custom_op(op, impl, args, kwargs)
     is_cuda = args[0].is_cuda if args and hasattr(args[0], "is_cuda") else False
-    mine = impl == "mine" or (impl == "auto" and _preferred.get(op) == "mine")
+    mine = chosen(op, impl) == "mine"
     if mine and op in _in_mine:
         # the reader's implementation calls linattn.<op> itself (e.g. wraps it): that inner call
         # runs the reference, or "mine" would call itself without end
@@ -90,7 +101,7 @@ def call(op: str, impl: str, args: tuple, kwargs: dict):
 def _compilable(op, impl) -> bool:
     """Whether a call under torch.compile goes through the custom op (linattn.ops): every level of
     the library does; the reader's own implementation ("mine") is traced as it is written."""
-    return (_preferred.get(op, "auto") if impl == "auto" else impl) != "mine"
+    return chosen(op, impl) != "mine"
 
 
 def _custom_op(op, impl, args, kwargs):
@@ -99,7 +110,7 @@ def _custom_op(op, impl, args, kwargs):
     Keywords are checked against the op's options (unknown ones raise KeywordError); one the level
     lacks is refused or dropped when the op runs, as in `keywords`."""
     _check(op, impl)
-    level = _preferred.get(op, "auto") if impl == "auto" else impl
+    level = chosen(op, impl)
     kwargs = dict(kwargs)
     want_state = kwargs.pop("output_final_state", False)
     o, S = ops.call(op, args, level=level, **kwargs)

@@ -114,7 +114,7 @@ def _level(spec: Spec, opts, q) -> str:
     if level not in allowed:
         raise InputError(f"linattn::{spec.name}: level must be one of {allowed}, got {level!r}")
     if level == "auto":
-        return "naive" if spec.step else ("triton" if q.is_cuda else "chunk")
+        return "naive" if spec.step else dispatch.device_level(q.is_cuda)
     return level
 
 

@@ -37,7 +37,7 @@ MAX_TRITON_CHUNK = {"linear_attn": 256, "gla": 256, "delta_rule": 64, "kda": 64}
 # float32 tiles are twice as large: at C = 256 the state pass of linear attention and GLA needed
 # 227–296 KB of shared memory with one pipeline stage on an H200 (Triton 3.6; K = 128, V = 16,
 # few heads), over its 227 KB, so float32 stops at 128.
-MAX_TRITON_CHUNK_FLOAT32 = {"linear_attn": 128, "gla": 128, "delta_rule": 64, "kda": 64}
+MAX_TRITON_CHUNK_FLOAT32 = {**MAX_TRITON_CHUNK, "linear_attn": 128, "gla": 128}
 # GLA and linear attention: a state step holds a chunk's k, v (and float32 gates) tiles at once,
 # 128 KB at C = 256 in bf16 (one pipeline stage, see triton/common.launch); C = 512 would not fit an
 # H200's 227 KB of shared memory. The delta rules: above 64 their [C, C] and [C, K] tiles unroll

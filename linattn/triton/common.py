@@ -55,7 +55,7 @@ def compute_dtype(dtype: torch.dtype):
 SPLIT_RANGE = tl.constexpr(decay.SPLIT_RANGE)
 
 
-def split_dtype(ieee: bool):
+def split_dtype():
     """Operand dtype of the split products, whose factors reach e^{60}: float32, for every input
     dtype. For bf16/fp16 inputs their products run on the tensor cores as tf32 (10 mantissa bits):
     the operands are computed (q ⊙ e^b, k ⊙ e^{−b}), not inputs, and rounding them to bf16 (7 bits)

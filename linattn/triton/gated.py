@@ -29,9 +29,10 @@ k-sum and the whole chunk is one matmul times a C×C decay mask.
 The split (chapter 11's, for KDA): where a chunk decays by less than e^60 in every key dimension,
 which the gates of trained models always do, e^{b_t − b_s} = e^{b_t} · e^{−b_s} with both factors
 in range, so the chunk's A is one tensor-core product (Q ⊙ e^b)(K ⊙ e^{−b})ᵀ, its operands in
-float32 (tf32 products for bf16/fp16 inputs, as the off-diagonal tiles: `common.split_dtype`). The plain forward
-builds it that way inside the output kernel and _intra_kernel fills A only for the chunks past the
-bound (`_split_flag` decides for both); a forward that keeps A for the backward computes all of it.
+float32 (tf32 products for bf16/fp16 inputs, as the off-diagonal tiles: `common.split_dtype`). The
+plain forward builds it that way inside the output kernel and _intra_kernel fills A only for the
+chunks past the bound (`_split_flag` decides for both); a forward that keeps A for the backward
+computes all of it.
 
 Two ways to run the chunks (`mode`):
 - "fused": one program per (batch·head, V-block) walks all chunks, the state stays on chip and is
@@ -541,7 +542,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
         keep.update(b=b, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype(IEEE))
+    common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype())
     if mode == "fused":
         BK, BV, nw = fused_config(K, V, gate, IEEE)
         try:

@@ -66,9 +66,9 @@ def inverse_precision(p) -> str:
     return "tf32x3" if p.ieee else "tf32"
 
 
-def split_dtype(p) -> dict:
+def split_dtype() -> dict:
     """SDT, the operand dtype of KDA's split products (`common.split_dtype`), as kernel keywords."""
-    return dict(SDT=operand_dtype(p.ieee))
+    return dict(SDT=operand_dtype())
 
 
 def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
@@ -87,7 +87,7 @@ def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
                 p.NT, p.H)
         # launch: fewer pipeline stages where the GPU has less shared memory (common.launch)
         launch(
-            _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
+            _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(), DT=p.cdt,
             IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"])
         launch(
             _kda_exact_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),

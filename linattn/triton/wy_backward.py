@@ -20,12 +20,12 @@ The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a
   e^{DIAG_DOT_RANGE} in every key dim of the program (the forward's split, `_kda_split_kernel`),
   E_ijd = e^{G_id} · e^{−G_jd} with both factors in range, so each sum is one tensor-core product:
   Σ_j M_ij E_ij k_j = e^{G_i} ⊙ (M (K ⊙ e^{−G}))_i and Σ_i M_ij E_ij q_i = e^{−G_j} ⊙ (Mᵀ (Q ⊙ e^G))_j
-  (`_split_terms`; float32 operands, tf32 products for bf16/fp16 inputs: `common.split_dtype`). Past the bound
-  (log-gates of −20 per token) a factor would overflow, and `_columns` keeps every exponent ≤ 0:
-  the row sums walk the columns j = C−1 … 0 and keep the column E_{·j} for all rows (from j + 1 to
-  j it multiplies by e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's `_diag_walk`, for
-  the whole chunk); the column sums walk the rows the same way, each row adding a rank-one tile.
-  O(C² K) work on the FMA units per chunk: correct for any gates, and much slower.
+  (`_split_terms`; float32 operands, tf32 products for bf16/fp16 inputs: `common.split_dtype`).
+  Past the bound (log-gates of −20 per token) a factor would overflow, and `_columns` keeps every
+  exponent ≤ 0: the row sums walk the columns j = C−1 … 0 and keep the column E_{·j} for all rows
+  (from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's
+  `_diag_walk`, for the whole chunk); the column sums walk the rows the same way, each row adding
+  a rank-one tile. O(C² K) work on the FMA units per chunk: correct for any gates, and much slower.
 
 One program per (K-block, chunk, head): everything is independent across key dimensions except
 the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
@@ -82,7 +82,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), **split_dtype(p), num_warps=warps(TUNING["warps"], BK))
+        X3=precise(p), **split_dtype(), num_warps=warps(TUNING["warps"], BK))
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
