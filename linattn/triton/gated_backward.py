@@ -495,7 +495,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
         if b is None:
             b = gated.gate_sums(g, C)                                  # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
+            h, _ = gated.chunk_states(k, v, g, d, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
@@ -598,7 +598,7 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
     b = gated.gate_sums(g, C)
     A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
+    h, _ = gated.chunk_states(k, v, g, d, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
