@@ -186,8 +186,47 @@ def gate_floor(g):
 
 
 @triton.jit
+def tf32(x):
+    """float32 x rounded to the nearest tf32 (10 mantissa bits; ties away from zero, as PTX's
+    cvt.rna.tf32.f32). The tensor cores read a float32 operand's top 19 bits, that is, truncated
+    (checked natively on an H100 and an H200: 1 + 2⁻¹¹ + 2⁻¹² times 1 gave 1): for a computed operand
+    (q ⊙ e^b, a gradient tile) an error of up to 2⁻¹⁰, always towards zero, where rounding gives at
+    most 2⁻¹¹ of either sign — the precision of an fp16 input. Values that already are tf32 (every
+    bf16 or fp16 input widened) are unchanged. Two integer operations per element; Inf stays Inf."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def operand(x, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr = True):
+    """A computed tile as a dot operand of dtype SDT, made once where it is computed. Where it stays
+    float32 for a tf32 product (half inputs) it is rounded to tf32 (`tf32`) when RND
+    (`rounds_tf32`), else the tensor cores truncate it; exact for float32 inputs (IEEE products);
+    otherwise cast to SDT."""
+    if SDT == tl.float32:
+        if IEEE:
+            return x.to(tl.float32)
+        if RND:
+            return tf32(x.to(tl.float32))
+        return x.to(tl.float32)
+    return x.to(SDT)
+
+
+def rounds_tf32(dtype) -> bool:
+    """Whether a kernel that pays for it rounds its computed float32 operands to tf32 (`tf32`) for
+    inputs of `dtype`. GLA's kernels always round (no measurable cost). KDA's split kernel, whose
+    tiles already spill, took 48 % longer in the forward with rounding (H200, bf16, H = 16,
+    K = V = 128, T = 4k: 1.70 → 2.52 ms): there it rounds for fp16 only, whose inputs carry 2⁻¹¹ and
+    so lose to a truncation's 2⁻¹⁰ (KDA's fp16 errors went from up to 1.3× FLA's to below them),
+    while bf16 inputs carry 2⁻⁹ and a truncation's 2⁻¹⁰ moved their errors by 1 %."""
+    return dtype == torch.float16
+
+
+@triton.jit
 def dot(a, b, IEEE: tl.constexpr):
-    """a @ b with float32 accumulation; exact float32 products when IEEE (float32 inputs)."""
+    """a @ b with float32 accumulation: exact float32 products when IEEE (float32 inputs); else
+    bf16/fp16 tiles as they are, float32 tiles as tf32 — computed float32 tiles come through
+    `operand`, rounded to tf32 once where they are made."""
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)

@@ -58,7 +58,7 @@ from .. import outputs
 from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
-                     gate_floor, launch, num_sms, split_dtype, warps)
+                     gate_floor, launch, num_sms, operand, split_dtype, warps)
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -98,13 +98,18 @@ def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
     tl.store(b + offs, tl.cumsum(x.to(tl.float64), axis=0).to(tl.float32), mask=mask)
 
 @triton.jit
-def _state_step(S, k_base, v_base, graw_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
+def _state_step(S, k_base, v_base, gate_base, graw_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
                 C: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
     """The state after the chunk starting at t0, from S (the state before it). S: [BK, BV] float32.
-    graw_base: the raw log-gates g. A key decays to the chunk end by e^{Σ_{i>j} g_i}, summed here
-    as a suffix of the chunk's own gates, not as b_C − b_j: behind a reset the prefix sums b reach
-    −C·110, where float32 resolves |b|·6e-8, and their difference for the last keys (the ones that
-    matter) kept that absolute error (GLA's float32 final state at C = 128: 1.7e-5 against 7e-6)."""
+    gate_base: the cumulated gates b (`local_cumsum`); graw_base: the raw log-gates g.
+
+    A key decays to the chunk end by e^{b_C − b_j}. For float32 inputs (IEEE) that difference is
+    summed here as a suffix of the chunk's own gates instead: behind a reset the prefix sums reach
+    −C·110, where float32 resolves |b|·6e-8, and b_C − b_j for the last keys (the ones that matter)
+    kept that absolute error (GLA's float32 final state at C = 128: 1.7e-5 against 3.4e-7). For
+    bf16/fp16 inputs the decayed key is rounded to 8 or 11 bits right after, which hides it (the
+    same final-state errors, measured natively), and the scan in this sequential loop cost 0.3 ms
+    of GLA's 1.0 ms forward at T = 4k and 1.2 of 1.4 ms at 32k (H200, bf16, H = 16)."""
     rows = t0 + tl.arange(0, C)
     rmask = rows < T
     kmask = offs_k < K
@@ -114,16 +119,31 @@ def _state_step(S, k_base, v_base, graw_base, t0, T, s_k, s_v, s_gate, offs_k, o
     v = tl.load(v_base + rows[:, None] * s_v + offs_v[None, :],
                 mask=rmask[:, None] & (offs_v < V)[None, :], other=0.0).to(COMPUTE)   # [C, BV]
     if GATE == 2:
-        g = gate_floor(tl.load(graw_base + rows[:, None] * s_gate + offs_k[None, :],
-                               mask=rmask[:, None] & kmask[None, :], other=0.0))    # [C, BK], 0 past T
-        after = tl.cumsum(g, axis=0, reverse=True) - g                               # Σ_{i>j} g_i ≤ 0
-        k = (k * tl.exp(after)).to(COMPUTE)                  # key decayed to the chunk end (≤ 1)
-        S = S * tl.exp(tl.sum(g, axis=0))[:, None]           # the whole chunk's decay
+        if IEEE:
+            g = gate_floor(tl.load(graw_base + rows[:, None] * s_gate + offs_k[None, :],
+                                   mask=rmask[:, None] & kmask[None, :], other=0.0))  # [C, BK], 0 past T
+            after = tl.cumsum(g, axis=0, reverse=True) - g                           # Σ_{i>j} g_i ≤ 0
+            k = k * tl.exp(after)
+            S = S * tl.exp(tl.sum(g, axis=0))[:, None]       # the whole chunk's decay
+        else:
+            b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :],
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)             # [C, BK]
+            # b_last taken from the tile, not loaded on its own: a load in this loop that feeds no
+            # dot operand stops Triton from software-pipelining the loop's loads (seen in the SASS).
+            b_last = tl.sum(tl.where((rows == last)[:, None], b, 0.0), axis=0)      # [BK]
+            k = (k * tl.exp(b_last[None, :] - b)).to(COMPUTE)  # key decayed to the chunk end (≤ 1)
+            S = S * tl.exp(b_last)[:, None]
     elif GATE == 1:
-        g = gate_floor(tl.load(graw_base + rows * s_gate, mask=rmask, other=0.0))   # [C]
-        after = tl.cumsum(g, axis=0, reverse=True) - g
-        k = (k * tl.exp(after)[:, None]).to(COMPUTE)
-        S = S * tl.exp(tl.sum(g, axis=0))
+        if IEEE:
+            g = gate_floor(tl.load(graw_base + rows * s_gate, mask=rmask, other=0.0))   # [C]
+            k = k * tl.exp(tl.cumsum(g, axis=0, reverse=True) - g)[:, None]
+            S = S * tl.exp(tl.sum(g, axis=0))
+        else:
+            # b_last reaches the dot operand through the key decay, so the loop stays pipelined.
+            b = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)            # [C]
+            b_last = tl.load(gate_base + last * s_gate)                              # Σ of the chunk's gates
+            k = (k * tl.exp(b_last - b)[:, None]).to(COMPUTE)  # key decayed to the chunk end (≤ 1)
+            S = S * tl.exp(b_last)
     return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
 
 
@@ -213,13 +233,13 @@ def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: 
             r = tl.load(b + base + (s0 - 1) * H * K + offs_k, mask=kmask, other=0.0)          # [BK]
             # b ≤ r on real rows; the clamp keeps rows past T (b = 0 there) from overflowing
             # decayed operands stay float32 (tf32 products for half inputs): `common.split_dtype`
-            q_hat = q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0))                         # [c, BK], ≤ |q|
+            q_hat = operand(q_i * tl.exp(tl.minimum(b_i - r[None, :], 0.0)), tl.float32, IEEE)  # [c, BK], ≤ |q|
             p_a = a_base + rows[:, None] * H * C
             for j in range(i_i):                              # off-diagonal tiles: tensor-core matmuls
                 p_j = (t0 + j * c + idx)[:, None] * H * K + offs_k[None, :]                   # rows all < T
                 k_j = tl.load(k + base + p_j, mask=kmask[None, :], other=0.0).to(tl.float32)
                 b_j = tl.load(b + base + p_j, mask=kmask[None, :], other=0.0)
-                k_hat = k_j * tl.exp(r[None, :] - b_j)                                       # [c, BK], ≤ |k|
+                k_hat = operand(k_j * tl.exp(r[None, :] - b_j), tl.float32, IEEE)            # [c, BK], ≤ |k|
                 A_ij = dot(q_hat, tl.trans(k_hat), IEEE)                                     # [c, c]
                 tl.store(p_a + (j * c + idx)[None, :], A_ij, mask=rmask[:, None])
         # the diagonal tile in float32 by the multiplicative row walk, stored row by row
@@ -253,7 +273,7 @@ def _block_av(q, qe, b, split, b_r, rows, rmask, k_base, v_base, gate_base, a_ba
                     b_c = b
                 else:
                     b_c = tl.load(gate_base + p_k, mask=m_k, other=0.0)                       # [BR, BK]
-                A = dot(qe, tl.trans((k * tl.exp(-b_c)).to(SDT)), IEEE)                       # [BR, BR]
+                A = dot(qe, tl.trans(operand(k * tl.exp(-b_c), SDT, IEEE)), IEEE)             # [BR, BR]
             else:
                 A = tl.load(p_a, mask=rmask[:, None], other=0.0)                              # [BR, BR]
         else:
@@ -301,7 +321,7 @@ def _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, t0, r0, 
         b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :], mask=m_qk, other=0.0)     # [BR, BK]
         qb = q.to(tl.float32) * tl.exp(b)
         acc = dot(qb.to(COMPUTE), Sc, IEEE)                                                         # [BR, BV]
-        qe = qb.to(SDT)                           # the same tile where SDT is the compute dtype
+        qe = operand(qb, SDT, IEEE)               # the same tile where SDT is the compute dtype
         if SPLIT:
             split = _split_flag(gate_base, t0, T, s_gate, offs_k, kmask, C)
     elif GATE == 1:
@@ -338,13 +358,14 @@ def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
 
 
 @triton.jit
-def _states_kernel(k, v, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
+def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                    HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
     # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    _, k_base, v_base, _, graw_base, s_gate = _bases(k, k, v, graw, v, i_b, i_h, T, H, K, V, GATE)
+    _, k_base, v_base, _, gate_base, s_gate = _bases(k, k, v, gate, v, i_b, i_h, T, H, K, V, GATE)
+    _, _, _, _, graw_base, _ = _bases(k, k, v, graw, v, i_b, i_h, T, H, K, V, GATE)
     offs_k = i_k * BK + tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
@@ -355,7 +376,7 @@ def _states_kernel(k, v, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: t
         S = tl.zeros([BK, BV], dtype=tl.float32)
     for n in range(NT):
         tl.store(h + (i_bh * NT + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
-        S = _state_step(S, k_base, v_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+        S = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
@@ -403,7 +424,7 @@ def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: t
         for r in tl.static_range(C // BR):
             _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
                           H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT)
-        S = _state_step(S, k_base, v_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
+        S = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
@@ -560,7 +581,7 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
             ran["mode"] = f"states (fused did not fit: {str(e).split('.')[0]})"
     else:
         ran["mode"] = mode
-    h, _ = chunk_states(k, v, g, d, s0=s0, sT=sT, chunk_size=C)
+    h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
     BK, BV = output_blocks(K, V, gate, IEEE, split=split)
     BR = min(C, ROW_BLOCK)
     last_launch["output"] = launch(              # launch: fewer stages where the GPU has less shared memory
@@ -591,9 +612,9 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
     return A
 
 
-def chunk_states(k, v, g, d, *, s0=None, sT=None, chunk_size=64, dtype=None):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
-    or [B,T,H,K]); each step sums its chunk's gates itself (`_state_step`).
+    or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
     Stored in `dtype`; by default in the dtype the output kernel multiplies it in (the input's
     natively, float32 under the interpreter or for float32 inputs). The backward asks for float32:
@@ -604,6 +625,8 @@ def chunk_states(k, v, g, d, *, s0=None, sT=None, chunk_size=64, dtype=None):
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
     k, v, g = contiguous(k, v, g)
+    if b is None:
+        b = gate_sums(g, C)
     NT = triton.cdiv(T, C)
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
@@ -613,7 +636,7 @@ def chunk_states(k, v, g, d, *, s0=None, sT=None, chunk_size=64, dtype=None):
     SK, SV, stages = state_config(K, V, B * H, gate)                   # every entry of h written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),
-        k, v, k if g is None else g, h, s0 if s0 is not None else k,
+        k, v, k if b is None else b, k if g is None else g, h, s0 if s0 is not None else k,
         sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
         HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4, max_stages=stages)
     return h, sT

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import block, compute_dtype, contiguous, dot, dot_x3, gate_floor, launch, stage, warps
+from .common import block, compute_dtype, contiguous, dot, dot_x3, gate_floor, launch, operand, stage, warps
 from . import gated
 from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
 
@@ -215,7 +215,8 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 k_hat = k_j * tl.exp(r[None, :] - b_j)                                        # [c, BK], ≤ |k|
                 dA_ij = tl.load(a_base + rows[:, None] * H * C + (j * c + idx)[None, :], mask=rmask[:, None],
                                 other=0.0)                                                    # [c, c]
-                dq += dot(dA_ij, k_hat, IEEE)              # float32 operands: tf32 for half inputs
+                # float32 operands (tf32 for half inputs), rounded: `common.operand`
+                dq += dot(operand(dA_ij, tl.float32, IEEE), operand(k_hat, tl.float32, IEEE), IEEE)
             dq = dq * tl.exp(tl.minimum(b_i - r[None, :], 0.0))
         else:
             for j in range(i_i):
@@ -243,7 +244,7 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
                 q_hat = q_j * tl.exp(tl.minimum(b_j - r[None, :], 0.0))                        # [c, BK]
                 dA_ji = tl.load(a_base + rows_j[:, None] * H * C + (i_i * c + idx)[None, :],
                                 mask=(rows_j < T)[:, None], other=0.0)                         # [c, c]
-                dk += dot(tl.trans(dA_ji), q_hat, IEEE)
+                dk += dot(tl.trans(operand(dA_ji, tl.float32, IEEE)), operand(q_hat, tl.float32, IEEE), IEEE)
             dk = dk * tl.exp(tl.minimum(r[None, :] - b_i, 0.0))
         else:
             for j in range(i_i + 1, n_sub):
@@ -495,7 +496,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
         if b is None:
             b = gated.gate_sums(g, C)                                  # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
+            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
@@ -598,7 +599,7 @@ def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size
     b = gated.gate_sums(g, C)
     A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
     sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    h, _ = gated.chunk_states(k, v, g, d, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
+    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)

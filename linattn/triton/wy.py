@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting, launch
+from .common import (SPLIT_RANGE, block, dot, gate_floor, interpreting, launch, operand,
+                     rounds_tf32)
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -59,16 +60,18 @@ TUNING = dict(warps_split=4, warps_exact=4, warps_factor=2, warps_wu=4)
 
 def inverse_precision(p) -> str:
     """input_precision of the inversion's 16×16 float32 products: exact under the interpreter;
-    natively tf32x3 (about float32) for float32 inputs, one tf32 pass (10-bit mantissa) for
-    bf16/fp16 inputs, whose 𝒯 is rounded to 8 or 11 bits by the dots that read it anyway."""
+    natively tf32x3 (about float32) for float32 and fp16 inputs, one tf32 pass for bf16 inputs,
+    whose 𝒯 is rounded to 8 bits by the dots that read it anyway. fp16's 𝒯 keeps 11 bits, more than
+    the tensor cores' truncated tf32 products leave (`common.tf32`; tf32x3 rounds its parts)."""
     if interpreting():
         return "ieee"
-    return "tf32x3" if p.ieee else "tf32"
+    return "tf32x3" if p.ieee or rounds_tf32(p.work) else "tf32"
 
 
-def split_dtype() -> dict:
-    """SDT, the operand dtype of KDA's split products (`common.split_dtype`), as kernel keywords."""
-    return dict(SDT=operand_dtype())
+def split_dtype(p) -> dict:
+    """SDT, the operand dtype of KDA's split products (`common.split_dtype`), and RND, whether
+    they are rounded to tf32 (`common.rounds_tf32`), as kernel keywords."""
+    return dict(SDT=operand_dtype(), RND=rounds_tf32(p.work))
 
 
 def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
@@ -87,7 +90,7 @@ def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
                 p.NT, p.H)
         # launch: fewer pipeline stages where the GPU has less shared memory (common.launch)
         launch(
-            _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(), DT=p.cdt,
+            _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
             IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"])
         launch(
             _kda_exact_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
@@ -414,10 +417,11 @@ def _store_rows(x, X, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr
 
 @triton.jit
 def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr):
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
     (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
-    K ⊙ e^{−G}, Q ⊙ e^G (SDT, [16, BK]), β [16] and P for the next block."""
+    K ⊙ e^{−G}, Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16] and P for the next
+    block."""
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
     G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
@@ -428,8 +432,8 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
     bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
-    return ((kb * eg).to(SDT), (kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))).to(SDT), qe.to(SDT), bb,
-            P + tl.sum(gb, axis=0))
+    return (operand(kb * eg, SDT, IEEE, RND), operand(kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE)), SDT, IEEE, RND),
+            operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0))
 
 
 @triton.jit
@@ -449,7 +453,7 @@ def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr,
-                      DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
+                      RND: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
     """KDA, the common case: one (chunk, head) whose gates decay by less than e^{−DIAG_DOT_RANGE}
     over the chunk in every key dim. Then e^{G_i − G_j} = e^{G_i} · e^{−G_j} with both factors
     in range, so each 16×16 block of A and Aqk is one product of K ⊙ e^G (or Q ⊙ e^G) with
@@ -465,16 +469,16 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
     aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
     P = tl.zeros((BK,), dtype=tl.float32)
-    kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT)
+    kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT, IEEE, RND)
     A00, Q00 = _split_block(kl0, ql0, kr0, b0, scale, True, IEEE)
-    kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT)
+    kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT, IEEE, RND)
     A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, False, IEEE)
     A11, Q11 = _split_block(kl1, ql1, kr1, b1, scale, True, IEEE)
-    kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT)
+    kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT, IEEE, RND)
     A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, False, IEEE)
     A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, False, IEEE)
     A22, Q22 = _split_block(kl2, ql2, kr2, b2, scale, True, IEEE)
-    kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT)
+    kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT, IEEE, RND)
     A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, False, IEEE)
     A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, False, IEEE)
     A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, False, IEEE)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, gate_floor, interpreting, launch, warps
+from .common import dot, gate_floor, interpreting, launch, operand, warps
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
@@ -47,14 +47,15 @@ def precise(p) -> bool:
 
 
 @triton.jit
-def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, RND: tl.constexpr = True):
     """a @ b with float32 accumulation: bf16/fp16 tiles on the tensor cores; float32 tiles natively
     as three tf32 products (X3, relative error ~2⁻²¹: compiled for sm_90, IEEE products of these
     [64, 128] tiles took minutes and spilled tens of KB, as the forward's inverse did), exactly
-    under the interpreter."""
+    under the interpreter. Computed float32 tiles of half inputs: rounded to tf32 when RND
+    (`common.operand`)."""
     if X3:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
-    return dot(a.to(DT), b.to(DT), IEEE)
+    return dot(operand(a, DT, IEEE, RND), operand(b, DT, IEEE, RND), IEEE)
 
 
 # K-block of this kernel: the column walk keeps five [C, BK] float32 tiles live. 8 warps: compiled
@@ -82,7 +83,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), **split_dtype(), num_warps=warps(TUNING["warps"], BK))
+        X3=precise(p), **split_dtype(p), num_warps=warps(TUNING["warps"], BK))
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
@@ -91,7 +92,8 @@ def gate_stage(q, k, g, beta, grads: dict, p):
 @triton.jit
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr):
+                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr,
+                 RND: tl.constexpr):
     ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     jc = tl.arange(0, C)
@@ -136,7 +138,7 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     if GATE == 2:
         if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
             Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
-            Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, X3)
+            Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, X3, RND)
         else:
             Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
                                    daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
@@ -181,7 +183,8 @@ def _score_grads(da, daqk, offc, tm, jc, scale):
 
 
 @triton.jit
-def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr,
+                 RND: tl.constexpr):
     """The four score terms of a chunk whose gates decay by less than e^{DIAG_DOT_RANGE}:
     E_ij = e^{G_i} e^{−G_j}, so Z = e^G ⊙ Mq (K ⊙ e^{−G}), X = e^G ⊙ Ma (K ⊙ e^{−G}),
     Zt = e^{−G} ⊙ Mqᵀ (Q ⊙ e^G), Y = e^{−G} ⊙ (diag(β) Ma)ᵀ (K ⊙ e^G): [C, BK] each, four products
@@ -189,10 +192,10 @@ def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X
     eG = tl.exp(G)
     einv = tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))                                 # ≤ e^60
     Ki = kt * einv
-    Z = eG * mm(Mq, Ki, SDT, IEEE, X3)
-    X = eG * mm(Ma, Ki, SDT, IEEE, X3)
-    Zt = einv * mm(tl.trans(Mq), qt * eG, SDT, IEEE, X3)
-    Y = einv * mm(tl.trans(Ma * bt[:, None]), kt * eG, SDT, IEEE, X3)
+    Z = eG * mm(Mq, Ki, SDT, IEEE, X3, RND)
+    X = eG * mm(Ma, Ki, SDT, IEEE, X3, RND)
+    Zt = einv * mm(tl.trans(Mq), qt * eG, SDT, IEEE, X3, RND)
+    Y = einv * mm(tl.trans(Ma * bt[:, None]), kt * eG, SDT, IEEE, X3, RND)
     return Z, Zt, X, Y
 
 
