@@ -451,13 +451,13 @@ print(f"{'mean −g per step':>17} | {'f32: whole':>10} {'chunk-local':>11} | {'
 for (w32, l32, m), (w16, l16, _) in zip(errs[torch.float32], errs[torch.bfloat16]):
     print(f"{m:17.3g} | {w32:10.1e} {l32:11.1e} | {w16:11.1e} {l16:11.1e}")
 (w32, l32, strength), (w16, l16, _) = (list(zip(*errs[dt])) for dt in (torch.float32, torch.bfloat16))
-assert max(l32) < 1e-4 and all(w < 3 * l for w, l in zip(w32, l32))  # float32, this T: alike
+assert max(l32) < 1e-4 and w32[-1] > 5 * l32[-1]                   # float32: apart under strong gates
 assert w16[-1] > 10 * w16[0] and w16[-1] > 5 * l16[-1]              # bf16: grows, worse under strong gates
 if linattn.device.triton_mode() == "interpreter":                   # bf16 kernels compute in float32 here
     assert max(l16) < 1e-4 and all(w > 100 * l for w, l in zip(w16, l16))
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-for ax, (title, w, l) in zip(axes, (("bf16 inputs", w16, l16), ("float32 inputs (the two nearly coincide)", w32, l32))):
+for ax, (title, w, l) in zip(axes, (("bf16 inputs", w16, l16), ("float32 inputs", w32, l32))):
     ax.loglog(strength, w, "o-", color="C3", label="whole-sequence suffix sum")
     ax.loglog(strength, l, "s--", color="C0", mfc="none", ms=10, label="chunk-local (the library's kernels)")
     ax.set_title(title, fontsize=10)
@@ -476,9 +476,12 @@ plt.show()
 # kernels form the chunk-local sums inside `_dqk_kernel` while $dq$, $dk$ are still float32, and
 # leave out the terms that cancel. Under the interpreter a bf16 kernel computes in float32, so
 # their error is float32's; natively its products are bf16 tensor-core products, which put it at
-# bf16's level, still below the whole-sequence sum's under strong gates (the cell checks both). With float32 inputs, at this length, the two are alike: both are then limited by
-# the float32 cumulative gates, whose rounding ($|b|\cdot 2^{-24}$ in every exponent) grows with the
-# gates too; the whole-sequence sum's own cancellation grows with $T$ as well (chapter 12's
+# bf16's level, still below the whole-sequence sum's under strong gates (the cell checks both). With
+# float32 inputs the two agree under mild gates and part under strong ones (about 15× at a mean
+# log-gate of −11 per step): the whole-sequence sum cancels across the sequence, while the chunk-local
+# sums, and the final state whose decay the last token's term carries, stay at float32's level
+# (the state pass sums each chunk's gates from its own end for float32 inputs, see
+# `gated._state_step`); the whole-sequence sum's cancellation grows with $T$ as well (chapter 12's
 # table). A chunk-local sum is also the cheaper one: nothing runs across chunks, so the scan stays
 # on chip.
 #

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import linattn
-from linattn import device, naive, testing
+from linattn import device, naive, support, testing
 from linattn import triton as lt
 from linattn.chunk import gated as cgated
 from linattn.triton import gated
@@ -81,6 +81,10 @@ LONG_CHUNKS = device.pick(cpu=[(1, 150, 1, 32, 16, 128, 32)],
 def test_long_chunks(shape, gate, mode, dtype):
     B, T, H, K, V, C, c = shape
     args = inputs(B, T, H, K, V, dtype=dtype, gate=gate, seed=C)
+    if C > support.max_triton_chunk("gla", dtype):      # outside the range: refused before any launch
+        with pytest.raises(InputError, match="chunk_size must be at most"):
+            run(args, chunk_size=C, sub_chunk_size=c, mode=mode)
+        return
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
 
 
@@ -90,7 +94,9 @@ def test_long_chunks_strong_per_head_gates(shape, mode):
     """Per-head gates' chunk sums (b across row blocks, the state step's key decay b_last − b) under
     log-gates down to −20 per step, with an initial and a final state and a short last chunk."""
     B, T, H, K, V, C, c = shape
-    args = inputs(B, T, H + 1, K, V, gate="per_head", strength="strong", seed=C + 1)   # several heads
+    # float32 where the range takes it, else bf16 (float32 stops at support.max_triton_chunk)
+    dtype = torch.float32 if C <= support.max_triton_chunk("gla", torch.float32) else torch.bfloat16
+    args = inputs(B, T, H + 1, K, V, dtype=dtype, gate="per_head", strength="strong", seed=C + 1)   # several heads
     assert_close(args, *run(args, chunk_size=C, sub_chunk_size=c, mode=mode))
 
 
