@@ -18,6 +18,7 @@ import inspect
 
 import torch
 
+from . import prepare
 from .validate import InputError
 
 OPS = ("linear_attn", "gla", "delta_rule", "kda")
@@ -202,12 +203,19 @@ def gla(q, k, v, g, *, impl="auto", **kwargs):
 
 
 def delta_rule(q, k, v, beta, *, impl="auto", **kwargs):
-    """S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}) (DeltaNet); keys L2-normalised."""
+    """S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}) (DeltaNet); keys L2-normalised. Also takes FLA's
+    use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel and allow_neg_eigval (`linattn.prepare`)."""
+    options, kwargs = prepare.split("delta_rule", kwargs)
+    q, k, _, beta = prepare.apply("delta_rule", q, k, None, beta, options)
     return call("delta_rule", impl, (q, k, v, beta), kwargs)
 
 
 def kda(q, k, v, g, beta, *, impl="auto", **kwargs):
-    """S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t)."""
+    """S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t). Also takes FLA's
+    use_qk_l2norm_in_kernel, use_gate_in_kernel (with A_log, dt_bias, lower_bound),
+    use_beta_sigmoid_in_kernel and allow_neg_eigval (`linattn.prepare`)."""
+    options, kwargs = prepare.split("kda", kwargs)
+    q, k, g, beta = prepare.apply("kda", q, k, g, beta, options)
     return call("kda", impl, (q, k, v, g, beta), kwargs)
 
 
