@@ -217,8 +217,8 @@ def rounds_tf32(dtype) -> bool:
     inputs of `dtype`. GLA's kernels always round (no measurable cost). KDA's split kernel, whose
     tiles already spill, took 48 % longer in the forward with rounding (H200, bf16, H = 16,
     K = V = 128, T = 4k: 1.70 → 2.52 ms): there it rounds for fp16 only, whose inputs carry 2⁻¹¹ and
-    so lose to a truncation's 2⁻¹⁰ (KDA's fp16 errors went from up to 1.3× FLA's to below them),
-    while bf16 inputs carry 2⁻⁹ and a truncation's 2⁻¹⁰ moved their errors by 1 %."""
+    so lose to a truncation's 2⁻¹⁰ (KDA's fp16 errors: up to 1.3× FLA's truncated, below FLA's
+    rounded), while bf16 inputs carry 2⁻⁹ and rounding changes their errors by 1 %."""
     return dtype == torch.float16
 
 
