@@ -141,3 +141,18 @@ def test_options_of_other_ops_are_unknown_keywords():
         linattn.delta_rule(x["q"], x["k"], x["v"], x["beta"], impl="chunk", use_gate_in_kernel=True)
     with pytest.raises(linattn.KeywordError, match="use_qk_l2norm_in_kernel"):
         linattn.gla(x["q"], x["k"], x["v"], -F.softplus(x["g"]), impl="chunk", use_qk_l2norm_in_kernel=True)
+
+
+def test_options_under_torch_compile():
+    """The options are plain PyTorch operations before the op's custom op: no graph break, eager's result."""
+    x = raw_inputs(dtype=torch.float32)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+              use_beta_sigmoid_in_kernel=True, impl="chunk")
+
+    def f(q, k, v, g, beta):
+        return linattn.kda(q, k, v, g, beta, **kw)[0]
+
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    eager = f(*args)
+    compiled = torch.compile(f, fullgraph=True)(*args)
+    assert testing.rel_err(compiled, eager) <= testing.tolerance(torch.float32)
