@@ -41,10 +41,9 @@ def split(op: str, kwargs: dict) -> tuple[dict, dict]:
     return ({n: kwargs[n] for n in names if n in kwargs}, {n: x for n, x in kwargs.items() if n not in names})
 
 
-def apply(op: str, q, k, g, beta, options: dict):
-    """(q, k, g, beta) after the options (`g` is None for delta_rule). Checks the options first."""
-    o = dict(options)
-    _check_flags(op, o)
+def apply(op: str, q, k, g, beta, o: dict):
+    """(q, k, g, beta) after the options o (`split`; `g` is None for delta_rule). Checks them first."""
+    _check_flags(o)
     if o.get("use_qk_l2norm_in_kernel"):
         q, k = l2norm(q), l2norm(k)
     if op == "kda":
@@ -63,7 +62,7 @@ def apply(op: str, q, k, g, beta, options: dict):
     return q, k, g, beta
 
 
-def _check_flags(op, o):
+def _check_flags(o):
     for name in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
                  "allow_neg_eigval"):
         if name in o and not isinstance(o[name], bool):
@@ -72,7 +71,7 @@ def _check_flags(op, o):
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
     """x / sqrt(Σ_K x² + 1e-6) along the last dim, in float32 (float64 for float64 x), x's dtype."""
-    w = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    w = x.to(_wide(x.dtype))
     return (w * torch.rsqrt((w * w).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
@@ -89,7 +88,7 @@ def gate(g: torch.Tensor, A_log, dt_bias, lower_bound) -> torch.Tensor:
     per_dim = g.dim() == 4
     H = g.shape[2]
     K = g.shape[3] if per_dim else None
-    wide = torch.float64 if g.dtype == torch.float64 else torch.float32
+    wide = _wide(g.dtype)
     x = g.to(wide)
     if dt_bias is not None:
         x = x + _bias(dt_bias, H, K, g.device).to(wide)
@@ -99,25 +98,27 @@ def gate(g: torch.Tensor, A_log, dt_bias, lower_bound) -> torch.Tensor:
             raise InputError(f"lower_bound must be a finite negative number (the smallest log-gate), "
                              f"got {lower_bound!r}")
         if A_log is not None:
-            x = _per_head(A_log, H, g.device).to(wide).exp().view(_head_view(per_dim)) * x
+            x = _rate(A_log, H, per_dim, wide, g.device) * x
         return lower_bound * torch.sigmoid(x)
     if A_log is None:
         raise InputError("A_log: use_gate_in_kernel=True computes g = −exp(A_log)·softplus(g + dt_bias) "
                          "and needs A_log [H] (or lower_bound for lower_bound·sigmoid(g + dt_bias))")
-    return -_per_head(A_log, H, g.device).to(wide).exp().view(_head_view(per_dim)) * F.softplus(x)
+    return -_rate(A_log, H, per_dim, wide, g.device) * F.softplus(x)
 
 
-def _head_view(per_dim: bool):
-    return (1, 1, -1, 1) if per_dim else (1, 1, -1)
+def _wide(dtype):
+    """The dtype the options compute in: float64 for float64 inputs, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _per_head(A_log, H, device):
+def _rate(A_log, H, per_dim, wide, device):
+    """exp(A_log) [H], checked, shaped to broadcast over [B, T, H(, K)]."""
     if not torch.is_tensor(A_log) or A_log.shape != (H,):
         raise InputError(f"A_log must be a tensor of shape [H] = [{H}], got "
                          f"{tuple(A_log.shape) if torch.is_tensor(A_log) else type(A_log).__name__}")
     if A_log.device != device:
         raise InputError(f"A_log is on {A_log.device}, g on {device}")
-    return A_log
+    return A_log.to(wide).exp().view((1, 1, -1, 1) if per_dim else (1, 1, -1))
 
 
 def _bias(dt_bias, H, K, device):
