@@ -131,3 +131,32 @@ def test_launch_that_does_not_fit_names_the_gpu():
 
     with pytest.raises(InputError, match="_big_kernel does not fit this GPU"):
         common.launch(Huge(), (1,), max_stages=2, BV=128)
+
+
+def test_launch_retries_when_a_remembered_stage_count_no_longer_fits():
+    """Triton compiles a kernel again for an integer argument equal to 1 (one chunk): that variant
+    fitted 3 stages natively where the next length's did not (float32 DeltaNet, K = 128). The
+    remembered count must not turn the longer call into a refusal."""
+    from triton.runtime.errors import OutOfResources
+
+    from linattn.triton import common
+
+    tried = []
+
+    class Kernel:
+        __name__ = "_variant_kernel"
+
+        def __getitem__(self, grid):
+            def run(*args, num_stages, **kw):
+                tried.append((args[0], num_stages))
+                if args[0] > 1 and num_stages > 2:           # the longer variant needs more memory
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return "compiled"
+            return run
+
+    k = Kernel()
+    assert common.launch(k, (1,), 1, max_stages=3, BV=96) == "compiled"      # NT = 1: 3 stages fit
+    assert common.launch(k, (1,), 2, max_stages=3, BV=96) == "compiled"      # NT = 2: 3 do not
+    assert tried == [(1, 3), (2, 3), (2, 2)]
+    assert common.launch(k, (1,), 2, max_stages=3, BV=96) == "compiled"      # now remembered: 2
+    assert tried[-1] == (2, 2)

@@ -135,7 +135,12 @@ def launch(kernel, grid, *args, max_stages: int = 3, **kw):
     to 1) that fit in shared memory. Each extra stage holds another copy of the loop's tiles; at
     C = 256 the state pass's tiles (k, v and float32 gates, 128 KB in bf16) need 257 KB with
     Triton's default of 3 stages, over an H200's 227 KB (seen in chapter 10's chunk sweep). Fewer stages compute the
-    same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes.
+    same result, a little less overlapped. What fits is remembered per kernel, constexprs and dtypes,
+    but Triton also compiles a kernel again for integer arguments equal to 1 or divisible by 16 (one
+    chunk, say), and that variant can need less shared memory than the next: a remembered stage
+    count that does not fit is forgotten and the whole range tried again, never refused on the
+    strength of another variant (natively, float32 DeltaNet at K = 128 fitted 3 stages for T ≤ 64
+    and then refused T = 65).
 
     The same rule makes a launch fit GPUs with less shared memory per block than the H200 the blocks
     were tuned on (A100 163 KB, RTX 30/40 and L4 99 KB, T4 64 KB): tools/arch_check.py compiles
@@ -144,7 +149,9 @@ def launch(kernel, grid, *args, max_stages: int = 3, **kw):
     OutOfResources (narrower blocks are not tried: tiles narrower than the tuned ones faulted
     natively, see MIN_TILE)."""
     key = (kernel, max_stages, tuple(sorted(kw.items())), tuple(getattr(a, "dtype", None) for a in args))
-    tried = _STAGES_THAT_FIT.get(key, tuple(range(max_stages, 0, -1)))
+    every = tuple(range(max_stages, 0, -1))
+    remembered = _STAGES_THAT_FIT.get(key)
+    tried = every if remembered is None else remembered + tuple(s for s in every if s < remembered[0])
     for i, stages in enumerate(tried):
         try:
             compiled = kernel[grid](*args, num_stages=stages, **kw)
