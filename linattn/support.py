@@ -11,7 +11,7 @@ kernels, so it is checked natively: the conformance suite (`linattn.conformance`
 | dtypes | float16, bfloat16, float32, float64 | float16, bfloat16, float32 |
 | head dims K, V | any ≥ 1 | 1 … 256 |
 | chunk_size (GLA, linear attention) | any ≥ 1 (chunk) | a power of two, 16 … 256 (float32: … 128) |
-| chunk_size (DeltaNet, Gated DeltaNet, KDA) | any ≥ 1 (chunk) | 16, 32 or 64 (not 32 with K > 128 and V ≤ 32: `REFUSED_DELTA_SHAPES`) |
+| chunk_size (DeltaNet, Gated DeltaNet, KDA) | any ≥ 1 (chunk) | 16, 32 or 64 |
 | sub_chunk_size (GLA) | a power of two dividing chunk_size | the same, 16 … 64 |
 | GPUs | — | compute capability 7.5, 8.0, 8.6, 8.9, 9.0 |
 
@@ -50,27 +50,6 @@ ARCHITECTURES = {           # compute capability → the GPUs readers have with 
     (8, 9): "L4 (Colab), RTX 40xx",
     (9, 0): "H100, H200",
 }
-
-
-# Shapes refused although inside the table above: compiled for sm_90 by Triton 3.6, the delta family's
-# state pass (triton/delta._state_kernel) at chunk_size 32 with a 256-wide key tile (K > 128) and a
-# 32-wide value tile (V ≤ 32) left the state entering a chunk unwritten on an H200 (KDA, B = 3,
-# T = 33 or 65, H = 2, bf16 and fp16: a silently wrong output; under the interpreter right; chunk
-# sizes 16 and 64 at that shape wrote it). Refused until the cause is found: docs/native_correctness.md.
-REFUSED_DELTA_SHAPES = ({"chunk_size": 32, "min_K": 129, "max_V": 32},)
-
-
-def refused_shape(op: str, K: int, V: int, chunk_size) -> str | None:
-    """Why linattn.triton refuses op at these head dims and chunk size (REFUSED_DELTA_SHAPES), or None."""
-    if op not in ("delta_rule", "kda"):
-        return None
-    for r in REFUSED_DELTA_SHAPES:
-        if chunk_size == r["chunk_size"] and K >= r["min_K"] and V <= r["max_V"]:
-            return (f"chunk_size: linattn.triton.{op} refuses chunk_size {chunk_size} with K > {r['min_K'] - 1} "
-                    f"and V ≤ {r['max_V']} (here K = {K}, V = {V}): compiled for the GPU, its state pass "
-                    "left a chunk's state unwritten at this shape (docs/native_correctness.md); use "
-                    "chunk_size 64 (the default) or 16")
-    return None
 
 
 def max_triton_chunk(op: str, dtype=None) -> int:
@@ -113,9 +92,6 @@ def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk
     if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or float32 "
                          "(use linattn.chunk or linattn.naive for float64)")
-    why = refused_shape(op, K, V, chunk_size)
-    if why:
-        raise InputError(why)
     if isinstance(chunk_size, int) and chunk_size > max_triton_chunk(op, q.dtype):
         raise InputError(f"chunk_size must be at most {max_triton_chunk(op, q.dtype)} for {q.dtype} inputs "
                          f"in linattn.triton, got {chunk_size} (float32 tiles are twice as large and do not "

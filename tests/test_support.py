@@ -71,17 +71,3 @@ def test_packed_sequences_are_refused_by_name(op):
     a["initial_state"] = torch.zeros(2, 1, 16, 16)
     with pytest.raises(InputError, match=rf"^cu_seqlens: linattn.triton.{fn} does not take packed sequences"):
         getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4]))
-
-
-@pytest.mark.parametrize("op", ["delta_rule", "kda"])
-@pytest.mark.parametrize("K, V, refused", [(256, 32, True), (129, 16, True), (128, 32, False), (256, 33, False)])
-def test_delta_shapes_with_an_unwritten_state_are_refused(op, K, V, refused):
-    """The delta family at chunk_size 32 with K > 128 and V ≤ 32 (support.REFUSED_DELTA_SHAPES): refused
-    by name before any launch; chunk_size 16 and 64 at the same shape pass the check."""
-    assert bool(support.refused_shape(OPS[op][0], K, V, 32)) == refused
-    assert support.refused_shape(OPS[op][0], K, V, 64) is None and support.refused_shape(OPS[op][0], K, V, 16) is None
-    assert support.refused_shape("gla", K, V, 32) is None
-    if refused:
-        fn, a = args(op, K, V, T=2)
-        with pytest.raises(InputError, match="^chunk_size: linattn.triton.* refuses chunk_size 32"):
-            getattr(tri, fn)(**a, chunk_size=32)

@@ -189,8 +189,6 @@ def calls(full: bool):
                                     run("gla", dict(base, gate=gate, gdt=gdt), B, H, T, K, V, dtype, backward, sms,
                                         sub_chunk_size=c, **kw)))
                 for C in delta_chunks:
-                    if support.refused_shape("kda", K, V, C):
-                        continue             # refused before any launch (linattn.support)
                     kw = dict(chunk_size=C, recompute=recompute)
                     for gdt in gdts:
                         out.append((f"delta_rule C={C} {tag}",

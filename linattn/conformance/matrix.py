@@ -99,17 +99,6 @@ def _case(n, part, variant, *, K, V, T, dtype, chunk, strength=None, flags=FLAGS
                 seed=n if seed is None else seed, fla=fla, decode=decode, check=check)
 
 
-def _allowed(variant, K, V, chunk, opts):
-    """chunk, or the next option when linattn.support refuses it at K, V (`support.refused_shape`)."""
-    from .. import support
-    i = opts.index(chunk)
-    for step in range(len(opts)):
-        c = opts[(i + step) % len(opts)]
-        if not support.refused_shape(VARIANTS[variant][0], K, V, c[0]):
-            return c
-    raise ValueError(f"no chunk option of {variant} is allowed at K = {K}, V = {V}")
-
-
 def _slow(variant, K, V, dtype):
     return delta_family(variant) and dtype == SLOW_COMPILE["dtype"] and max(K, V) >= SLOW_COMPILE["head_dim"]
 
@@ -125,7 +114,6 @@ def native_cases(variant: str, per_variant: int = NATIVE_PER_VARIANT) -> list[di
         for j, V in enumerate(KS):
             k = i * len(KS) + j
             chunk = opts[(3 * i + j) % len(opts)] if len(opts) <= len(KS) else opts[k % len(opts)]
-            chunk = _allowed(variant, K, V, chunk, opts)
             dtype = DTYPES[(i + j) % len(DTYPES)]
             if _slow(variant, K, V, dtype) or chunk[0] > _max_chunk(variant, dtype):
                 dtype = DTYPES[1 + k % 2]          # float32 stops earlier (linattn.support)

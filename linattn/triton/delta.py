@@ -148,8 +148,19 @@ def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = 
         hs if ht is None else ht, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
-        max_stages=TUNING["stages_state"])
+        max_stages=state_stages(p))
     return hs, vnew, ht
+
+
+def state_stages(p: Plan) -> int:
+    """Pipeline stages of the state pass: one for a 256-wide key tile with chunks of 32 or fewer.
+    Natively (H200, Triton 3.6, bf16 and fp16, K = 256, V = 32, chunk 32, no initial state) the
+    pipelined loop (2 or 3 stages) left the states and Ṽ of whole chunks unwritten: a silently
+    wrong output, every length tried, where one stage and the interpreter were right. Measured
+    against a float64 reference of this pass over K, V in 16…256, chunks 16/32/64, three dtypes,
+    with and without an initial state (docs/native_correctness.md); every other shape was right
+    pipelined, and one stage costs a long sequence 1.7× in this pass, so the rule stays narrow."""
+    return 1 if p.BK >= 256 and p.C <= 32 else TUNING["stages_state"]
 
 
 def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype, g=None):
@@ -201,7 +212,11 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
     return dot(a.to(DT), b.to(DT), IEEE)
 
 
-@triton.jit
+# T and NT are not specialised: Triton would compile a second variant for one chunk (NT = 1), and
+# that variant of these two sequential passes faulted natively (H200, Triton 3.6, bf16, K ≥ 64,
+# V ≤ 32, chunk 64: an illegal address, or at K = 256 a wrong initial-state gradient) where the
+# general loop was right; one variant also means one compilation fewer per length class.
+@triton.jit(do_not_specialize=["T", "NT"])
 def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,

@@ -147,8 +147,18 @@ def dstate_stage(q, g, wy, do, dht, p):
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), HAS_DHT=dht is not None,
-        num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV))
+        num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV),
+        max_stages=dstate_stages(p))
     return dhs, dvnew, dh0
+
+
+def dstate_stages(p) -> int:
+    """Pipeline stages of the reverse pass: one where the float32 (tf32x3) pass has a padded key tile
+    (K < BK). Natively (H200, Triton 3.6, float32, K = 16 in a 32-wide tile, chunk 16, V ≥ 64)
+    the pipelined loop returned state gradients off by 0.1 to 1e18 at every length, DeltaNet and KDA,
+    where one stage and the interpreter were right (float64 reference of this pass on the same
+    inputs); K = 32 and chunks 32/64 were right pipelined."""
+    return 1 if precise(p) and p.K < p.BK else 3
 
 
 def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
@@ -172,7 +182,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
 
 # ---------------------------------------------------------------- kernels
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])   # see delta._state_kernel
 def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
