@@ -35,6 +35,14 @@ if GPU:
         # K = V = 128 with few heads and short sequences: the reverse pass with the forward's narrow blocks
         *[regression(v, 128, 128, T, dt, B=1, H=3) for v in ("delta_rule", "gated_delta_rule", "kda")
           for T in (1, 16, 64) for dt in ("bfloat16", "float16")],
+        # float32 at K = 16 with chunk 16: the reverse pass pipelined with a padded key tile (dstate_stages)
+        regression("delta_rule", 16, 128, 538, "float32", H=3, chunk=(16, None), flags=(False, False, False)),
+        regression("kda", 16, 128, 100, "float32", H=3, chunk=(16, None)),
+        # one chunk at chunk 64, V = 16: the NT = 1 variant of the sequential passes faulted
+        *[regression(v, 64, 16, 33, "bfloat16", B=3, H=2) for v in ("delta_rule", "kda")],
+        # K = 256, V = 32, chunk 32 without an initial state: the pipelined state pass left states unwritten
+        regression("kda", 256, 32, 33, "bfloat16", B=3, H=2, chunk=(32, None), strength="logsigmoid",
+                   flags=(False, True, True)),
         # GLA behind a reset of −30 … −100: the gate floor must change no float32 product
         regression("gla", 256, 16, 466, "bfloat16", H=1, chunk=(64, 64), strength="reset", seed=127,
                    flags=(True, True, False)),

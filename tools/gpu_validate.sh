@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU validation in one call (run on the device machine from the repository root):
 #   0. the native conformance suite (tools/conformance.py: the generated matrix of cases, properties,
-#      guard regions, FLA beside ours; results in $OUT/conformance/);
+#      guard regions, FLA beside ours; results in $OUT/conformance/), and the delta family's sequential
+#      passes over their whole grid against float64 (tools/pass_sweep.py; $OUT/passes/);
 #   1. the whole test suite natively (no interpreter), at GPU sizes;
 #   2. every book chapter and every solved workbook through nbval (collected with the tests);
 #   3. the benchmarks (tools/bench.py), and the NCCL context-parallel check when 2+ GPUs exist;
 # then a short report in $OUT/report.md (also printed last).
 # The device has no network and no Jupyter stack: carry .devwheels (../shared/tools/device-wheels.sh).
 #   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu; JOBS pytest workers, 14)
-#   STAGES="conformance tests bench cp" (default: all four) runs a subset, e.g. to fit a 10-minute call;
+#   STAGES="conformance passes tests bench cp" (default: all five) runs a subset, e.g. to fit a 10-minute call;
 #   CONF_ARGS passes options to tools/conformance.py (default "--size native --workers $JOBS"; add
 #   --record to write book/data/error_budget.json, --only VARIANT, --reference auto); CONF_TIMEOUT bounds
 #   it in seconds (default 540; it stops handing out cases 30 s before and writes its summary);
@@ -17,7 +18,7 @@
 #   bounds the test stage the same way (keep both below the device call's limit so the report is written).
 set -uo pipefail
 OUT=${OUT:-_build/gpu}
-STAGES=${STAGES:-conformance tests bench cp}
+STAGES=${STAGES:-conformance passes tests bench cp}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -34,13 +35,18 @@ print(linattn.device.describe())
 print("python", __import__("sys").version.split()[0], "· GPUs:", torch.cuda.device_count())
 PY
 t0=$(date +%s)
-tests_rc=skipped bench_rc=skipped conf_rc=skipped
+tests_rc=skipped bench_rc=skipped conf_rc=skipped passes_rc=skipped
 if has conformance; then
   ct=${CONF_TIMEOUT:-540}
   # --max-seconds ends the run cleanly (summary written) before the outer timeout would cut it
   timeout "$ct" python3 tools/conformance.py --out "$OUT/conformance" --max-seconds $((ct > 60 ? ct - 30 : ct)) \
     ${CONF_ARGS:---size native --workers ${JOBS:-14}} 2>&1 | tee "$OUT/conformance.log" | grep -vE "^\[.* pass " | tail -60
   conf_rc=${PIPESTATUS[0]}
+fi
+if has passes; then
+  timeout "${PASSES_TIMEOUT:-540}" python3 tools/pass_sweep.py --out "$OUT/passes" --workers "${JOBS:-14}" 2>&1 \
+    | tee "$OUT/passes.log" | tail -30
+  passes_rc=${PIPESTATUS[0]}
 fi
 t0=$(date +%s)
 # -vv (-q comes from pyproject): one line per test as it ends, so a run cut by TESTS_TIMEOUT still names what failed and counts
@@ -81,6 +87,8 @@ fi
   echo; echo "## Conformance suite, natively: exit $conf_rc"
   if [ -f "$OUT/conformance/summary.md" ]; then cat "$OUT/conformance/summary.md"
   elif [ -f "$OUT/conformance.log" ]; then echo '```'; tail -20 "$OUT/conformance.log"; echo '```'; fi
+  echo; echo "## Sequential passes of the delta family, natively: exit $passes_rc"
+  [ -f "$OUT/passes/summary.md" ] && cat "$OUT/passes/summary.md"
   echo; echo "## Tests + notebooks (nbval), natively: exit $tests_rc, $((t1 - t0)) s"
   [ -f "$OUT/pytest.log" ] && { echo '```'; grep -E " (FAILED|ERROR) " "$OUT/pytest.log" | sort -u | head -40
                                  echo "passed so far: $(grep -c ' PASSED ' "$OUT/pytest.log")"
@@ -93,6 +101,7 @@ fi
 } > "$OUT/report.md"
 cat "$OUT/report.md"
 [ "$conf_rc" != 0 ] && [ "$conf_rc" != skipped ] && exit 1
+[ "$passes_rc" != 0 ] && [ "$passes_rc" != skipped ] && exit 1
 [ "$tests_rc" != 0 ] && [ "$tests_rc" != skipped ] && exit 1
 [ "$bench_rc" != 0 ] && [ "$bench_rc" != skipped ] && exit 1
 exit 0
