@@ -66,7 +66,7 @@ from linattn import triton as lt
 from linattn.chunk import gla_tiles
 from linattn.chunk.gated import dense_chunks
 from linattn.device import pick
-from linattn.triton import delta_backward, gated, gated_backward, wy_backward
+from linattn.triton import delta, delta_backward, gated, gated_backward, wy_backward
 from linattn.validate import check_inputs
 
 print(linattn.device.describe())
@@ -842,6 +842,48 @@ for name, op, kw in (("DeltaNet", "delta_rule", {}), ("Gated DeltaNet", "kda", {
     assert e_chunk < 1e-4 and e_true < 1e-4
 
 # %% [markdown]
+# ### What the interpreter cannot show: the compiled loop
+#
+# The two sequential passes — the forward's state pass and this reverse pass — are loops over
+# chunks. Under the interpreter each statement runs in order on whole tiles. Compiled, Triton
+# *software-pipelines* the loop: the loads of chunk $n+1$ and $n+2$ are issued while chunk $n$
+# computes (`num_stages`), and it compiles a separate variant when an integer argument equals 1 (one
+# chunk). Both transformations are meant to change nothing, and at three shapes they did (an H200,
+# Triton 3.6): at $K = 256$, $V = 32$, chunks of 32 without an initial state the pipelined state pass
+# left whole chunks' states unwritten; in float32 with $K = 16$ (a 32-wide tile, half padding) and
+# chunks of 16 the pipelined reverse pass returned state gradients off by up to $10^{18}$; and the
+# one-chunk variant at chunk 64 with $V \le 32$ read out of bounds. The interpreter was right at all
+# three. What breaks if only the interpreter is trusted: a silently wrong gradient at a head dimension
+# nobody tried.
+#
+# So the passes are checked on their own: `linattn.conformance.passes` restates each in float64
+# PyTorch (the loop above, one einsum per line) and feeds both the same synthetic stage inputs. On a
+# CPU the comparison checks the restatement against the interpreter; on a GPU it checks the compiled
+# kernels, and `tools/pass_sweep.py` runs it over every head dimension, chunk size, dtype and gate
+# kind (2,250 points; `docs/native_correctness.md` has the native results):
+
+# %%
+from linattn.conformance import passes  # noqa: E402
+
+for point in [dict(dtype="float32", gate=2, K=32, V=16, C=16, B=1, H=2, T=40, with_h0=True),
+              dict(dtype="float32", gate=0, K=16, V=64, C=16, B=1, H=1, T=pick(cpu=33, gpu=300), with_h0=False)]:
+    r = passes.check(**point, device=DEV)
+    print(f"{point['dtype']}, gate kind {point['gate']}, K = {point['K']}, V = {point['V']}, chunk {point['C']}, "
+          f"T = {point['T']}: {'pass' if not r['failed'] else 'FAILED ' + str(r['failed'])} "
+          f"(worst relative error over hs, Ṽ, the final state, dS, dṼ, dS₀: {max(e for _, e in r['err'].values()):.1e})")
+    assert not r["failed"]
+
+# %% [markdown]
+# The fixes are launch rules, each as narrow as the measured fault, since one pipeline stage is not
+# free (it costs a long sequence 1.7× in the state pass): one stage for a 256-wide key tile with
+# chunks of 32 or fewer, one stage for the float32 reverse pass with a padded key tile, and the two
+# passes not specialised on the sequence length (so there is no one-chunk variant):
+
+# %%
+show(delta.state_stages)
+show(delta_backward.dstate_stages)
+
+# %% [markdown]
 # ## 12. The error budget: every gradient beside FLA's, on the GPU
 #
 # Every check in this chapter ran at a few shapes. The claim a reader needs is wider: at every head
@@ -949,6 +991,10 @@ if budget is not None:
 # * The default recomputes the states (and, except for per-dimension gates, the cumulated gates);
 #   per-dimension gates keep $b$ and $P$ from the forward. `recompute=False` keeps the states too.
 # * Stage timings are taken one synchronised stage at a time: read their shares, not their sum.
+# * The sequential passes are the loops the compiler pipelines across chunks, where compiled and
+#   interpreted kernels can part: they are checked on their own against a float64 restatement at
+#   every head dimension, chunk size, dtype and gate kind, and narrow launch rules (one pipeline
+#   stage at the shapes that failed, no one-chunk variant) keep them right.
 # * The error budget, measured on a GPU over a generated matrix of shapes, dtypes and gates, puts
 #   each gradient beside FLA's on the same inputs; the precision rules behind it are float32 states
 #   in the backward and float32 operands wherever an operand is computed rather than given.
