@@ -875,9 +875,10 @@ for point in [dict(dtype="float32", gate=2, K=32, V=16, C=16, B=1, H=2, T=40, wi
 
 # %% [markdown]
 # The fixes are launch rules, each as narrow as the measured fault, since one pipeline stage is not
-# free (it costs a long sequence 1.7× in the state pass): one stage for a 256-wide key tile with
-# chunks of 32 or fewer, one stage for the float32 reverse pass with a padded key tile, and the two
-# passes not specialised on the sequence length (so there is no one-chunk variant):
+# free (it costs a long sequence 1.7× in the state pass, and in float32 at chunk 64 one stage does not
+# even fit): one stage for a 256-wide key tile with chunks of 32 or fewer, one stage for the float32
+# reverse pass with a padded key tile at chunks of 16, and the two passes not specialised on the
+# sequence length (so there is no one-chunk variant):
 
 # %%
 show(delta.state_stages)

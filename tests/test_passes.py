@@ -63,3 +63,17 @@ def test_grid_covers_every_head_dim_chunk_and_kind():
     assert {p["K"] for p in pts} == {p["V"] for p in pts} == set(passes.HEAD_DIMS)
     assert {p["C"] for p in pts} == {16, 32, 64} and {p["with_h0"] for p in pts} == {True, False}
     assert any(p["T"] > 64 * 4 for p in pts) and any(p["T"] <= 64 for p in pts)
+
+
+def test_stage_rules_stay_as_narrow_as_the_faults(monkeypatch):
+    """One pipeline stage only where the compiled loop was measured wrong: elsewhere a stage is
+    speed, and at float32, chunk 64, a 128-wide key tile one stage does not fit any GPU."""
+    from types import SimpleNamespace as P
+    monkeypatch.setattr(backward, "precise", lambda p: p.ieee)          # as natively (X3 products)
+    assert delta.state_stages(P(BK=256, C=32)) == 1 and delta.state_stages(P(BK=256, C=16)) == 1
+    assert delta.state_stages(P(BK=256, C=64)) == delta.TUNING["stages_state"]
+    assert delta.state_stages(P(BK=128, C=32)) == delta.TUNING["stages_state"]
+    assert backward.dstate_stages(P(ieee=True, K=16, BK=32, C=16)) == 1
+    assert backward.dstate_stages(P(ieee=True, K=96, BK=128, C=64)) == 3      # padded, but chunk 64
+    assert backward.dstate_stages(P(ieee=True, K=32, BK=32, C=16)) == 3
+    assert backward.dstate_stages(P(ieee=False, K=16, BK=32, C=16)) == 3

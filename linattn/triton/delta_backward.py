@@ -154,11 +154,13 @@ def dstate_stage(q, g, wy, do, dht, p):
 
 def dstate_stages(p) -> int:
     """Pipeline stages of the reverse pass: one where the float32 (tf32x3) pass has a padded key tile
-    (K < BK). Natively (H200, Triton 3.6, float32, K = 16 in a 32-wide tile, chunk 16, V ≥ 64)
-    the pipelined loop returned state gradients off by 0.1 to 1e18 at every length, DeltaNet and KDA,
-    where one stage and the interpreter were right (float64 reference of this pass on the same
-    inputs); K = 32 and chunks 32/64 were right pipelined."""
-    return 1 if precise(p) and p.K < p.BK else 3
+    (K < BK) and chunks of 16. Natively (H200, Triton 3.6, float32, K = 16 in a 32-wide tile, chunk
+    16, V ≥ 64) the pipelined loop returned state gradients off by 0.1 to 1e18 at every length,
+    DeltaNet and KDA, where one stage and the interpreter were right (float64 reference of this pass
+    on the same inputs); K = 32, and K = 16 with chunks 32/64, were right pipelined. Not wider: with
+    chunk 64 one float32 stage needs 320 KB of shared memory at a 128-wide key tile, more than any GPU
+    has, where the pipelined launch fits with 2."""
+    return 1 if precise(p) and p.K < p.BK and p.C <= 16 else 3
 
 
 def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
