@@ -38,7 +38,39 @@ def _check_import_order() -> None:
 
 
 _check_import_order()
+
+# Sizes that change from call to call — the length T, the chunk count NT, the heads H, BTH = B·T·H —
+# are not specialised on. By default Triton compiles a kernel again when an integer argument is 1 or a
+# multiple of 16, so T = 1, T = 64 and T = 65 (and H = 1, 3, 16) were separate compilations of every
+# kernel with the same tiles, each a compiled path of its own to trust: the one-chunk (NT = 1) variant
+# of the delta family's sequential passes faulted natively where the general loop was right
+# (docs/native_correctness.md). Head dims and strides (K, V, W = H·K) stay specialised: their
+# divisibility by 16 tells Triton that tile rows are aligned for vector loads.
+SIZE_ARGS = ("T", "NT", "H", "BTH")
+
+
+def kernel(fn=None, *, keep=()):
+    """The decorator of every launched kernel: `triton.jit`, not specialised on the SIZE_ARGS it takes
+    except those in `keep` (`@kernel(keep=("T",))`, where a kernel measurably needs the divisibility)."""
+    if fn is None:
+        return lambda f: kernel(f, keep=keep)
+    import inspect
+    names = inspect.signature(fn).parameters
+    return triton.jit(fn, do_not_specialize=[a for a in SIZE_ARGS if a in names and a not in keep])
+
+
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def decayed_dtype(dtype: torch.dtype):
+    """The dtype of a dot operand that carries a decay from the chunk start, q ⊙ e^{b} in the reverse
+    state pass of the gated backward: float32 for fp16 inputs (a tf32 product, in which fp16 inputs
+    are exact), the compute dtype otherwise. fp16 ends at 6e-8 and its subnormals below 6e-5 keep few
+    bits, while under strong gates the first token's decay (e^{-15} = 3e-7) alone makes the initial
+    state's gradient: natively (H200) per-head GLA in fp16 had that gradient 6.8e-3 wrong with an
+    fp16 operand and 2.0e-4 with this one (conformance case simple_gla-extra-108). bf16 has float32's
+    range."""
+    return tl.float32 if dtype == torch.float16 or interpreting() else compute_dtype(dtype)
 
 
 def interpreting() -> bool:

@@ -34,8 +34,8 @@ from .. import outputs
 from ..naive.delta import check_keys
 from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
-from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, launch,
-                     num_sms, tile)
+from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, kernel,
+                     launch, num_sms, tile)
 from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/performance.md.
@@ -212,11 +212,7 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
     return dot(a.to(DT), b.to(DT), IEEE)
 
 
-# T and NT are not specialised: Triton would compile a second variant for one chunk (NT = 1), and
-# that variant of these two sequential passes faulted natively (H200, Triton 3.6, bf16, K ≥ 64,
-# V ≤ 32, chunk 64: an illegal address, or at K = 256 a wrong initial-state gradient) where the
-# general loop was right; one variant also means one compilation fewer per length class.
-@triton.jit(do_not_specialize=["T", "NT"])
+@kernel
 def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
@@ -261,7 +257,7 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         tl.store(ht + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], S, mask=ms)
 
 
-@triton.jit
+@kernel
 def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):

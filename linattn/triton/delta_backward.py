@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import first_order
-from .common import contiguous, gate_floor, launch, stage, tile, warps
+from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
 from .wy_backward import gate_stage, mm, precise
 
@@ -184,7 +184,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
 
 # ---------------------------------------------------------------- kernels
 
-@triton.jit(do_not_specialize=["T", "NT"])   # see delta._state_kernel
+@kernel
 def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
@@ -229,7 +229,7 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
     tl.store(dh0 + bh.to(tl.int64) * K * V + offs, dS, mask=ms)
 
 
-@triton.jit
+@kernel
 def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
                    dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,

@@ -57,8 +57,8 @@ from triton.runtime.errors import OutOfResources
 from .. import outputs
 from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
-from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot,
-                     gate_floor, launch, num_sms, operand, split_dtype, warps)
+from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor,
+                     kernel, launch, num_sms, operand, split_dtype, warps)
 
 MODES = ("auto", "fused", "states")
 # The compiled kernel of each name's last launch (natively: n_regs, n_spills, metadata.shared),
@@ -80,7 +80,7 @@ ROW_BLOCK = 64
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
-@triton.jit
+@kernel
 def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
     # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
     # Summed in float64, rounded once: every kernel takes differences b_t − b_s of these sums, whose
@@ -204,7 +204,7 @@ def _split_flag(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr):
     return (tl.min(b_end, axis=0) > -SPLIT_RANGE).to(tl.int32)
 
 
-@triton.jit
+@kernel
 def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
                   COMPUTE: tl.constexpr, IEEE: tl.constexpr, SKIP_SPLIT: tl.constexpr):
     # One program per (sub-chunk i, chunk n, batch·head): rows of sub-chunk i of the intra-chunk
@@ -357,7 +357,7 @@ def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
     return q_base, k_base, v_base, o_base, gate_base, s_gate
 
 
-@triton.jit
+@kernel
 def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                    HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
@@ -382,7 +382,7 @@ def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr,
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
 
-@triton.jit
+@kernel
 def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                    IEEE: tl.constexpr, SPLIT: tl.constexpr = False, SDT: tl.constexpr = tl.bfloat16):
@@ -401,7 +401,7 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
                   H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT)
 
 
-@triton.jit
+@kernel
 def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, SPLIT: tl.constexpr,

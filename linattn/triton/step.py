@@ -28,7 +28,7 @@ import triton.language as tl
 from .. import outputs
 from ..naive.step import check_step
 from ..validate import InputError, refuse_grad
-from .common import check_kernel_inputs
+from .common import check_kernel_inputs, kernel
 
 BLOCK_V = 64  # columns per program: S block of K × 64 float32 stays in registers for K ≤ 128
 
@@ -72,7 +72,7 @@ def _step(op, q, k, v, g, beta, state, scale, inplace):
     return o, s1
 
 
-@triton.jit
+@kernel
 def _step_kernel(q, k, v, g, beta, s0, s1, o, scale, K: tl.constexpr, V: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, HAS_S0: tl.constexpr, GATE: tl.constexpr,
                  DELTA: tl.constexpr):

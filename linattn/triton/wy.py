@@ -39,8 +39,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import (SPLIT_RANGE, block, dot, gate_floor, interpreting, launch, operand,
-                     rounds_tf32)
+from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -355,7 +354,7 @@ def _kkt_block(ki, kj, bi, Gi, Gj, DIAG: tl.constexpr, GATE: tl.constexpr, IEEE:
     return Aij * bi[:, None]
 
 
-@triton.jit
+@kernel
 def _factor_kernel(q, k, g, beta, aqk, ai, scale, T, H, K: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                    PREC: tl.constexpr):
@@ -450,7 +449,7 @@ def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
     return A, Q
 
 
-@triton.jit
+@kernel
 def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr,
                       RND: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
@@ -509,7 +508,7 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     tl.store(exact + bh.to(tl.int64) * NT + n, (tl.max(-P, axis=0) >= DIAG_DOT_RANGE).to(tl.int32))
 
 
-@triton.jit
+@kernel
 def _kda_exact_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
                       IEEE: tl.constexpr, PREC: tl.constexpr):
@@ -579,7 +578,7 @@ def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K
                 + dot(T32.to(DT), y2, IEEE) + dot(T33.to(DT), y3, IEEE), 3, n, T, H, K, C, BK)
 
 
-@triton.jit
+@kernel
 def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, U_ONLY: tl.constexpr):

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, gate_floor, interpreting, launch, operand, warps
+from .common import dot, gate_floor, interpreting, kernel, launch, operand, warps
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
@@ -89,7 +89,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
     return dq, dk, (dg if p.gate else None), db
 
 
-@triton.jit
+@kernel
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
                  DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr,
