@@ -139,6 +139,14 @@ def decode(case, args):
     return o, state, guards.overwritten()
 
 
+def gate_terms(name, args, g_ref) -> float:
+    """For the gate's gradient: the size of the terms it sums, ‖q ⊙ dq‖ + ‖k ⊙ dk‖ (float64, the
+    reference's gradients), the scale of its error where the exact gradient is 0 (`testing.rel_err`)."""
+    if name != "g" or "q" not in g_ref or "k" not in g_ref:
+        return 0.0
+    return sum((args[n].double().cpu() * g_ref[n].double().cpu()).norm().item() for n in ("q", "k"))
+
+
 def compare(case, errs, tols, o, S, g, o_ref, S_ref, g_ref, args, prefix=""):
     """Fill errs/tols for one result against the reference; returns dtype problems."""
     dt = dtype_of(case["dtype"])
@@ -149,7 +157,7 @@ def compare(case, errs, tols, o, S, g, o_ref, S_ref, g_ref, args, prefix=""):
     for n, ref in g_ref.items():
         key = prefix + GRAD_KEY[n]
         got = g.get(n)
-        errs[key] = float("inf") if got is None else testing.rel_err(got, ref)
+        errs[key] = float("inf") if got is None else testing.rel_err(got, ref, scale=gate_terms(n, args, g_ref))
         tols[key] = testing.GRAD_TOLERANCE[dt]
         if got is not None and got.dtype != args[n].dtype:
             bad.append(f"{key} dtype {got.dtype} != {args[n].dtype}")
