@@ -100,6 +100,23 @@ def test_summary_budget_and_exit_status(run, capsys):
     assert merged["counts"] == whole["counts"] and merged["env"]["command"] == "part 0 + part 1"
     with pytest.raises(SystemExit, match="share cases"):
         tool.main(["--summarize", str(parts[0]), str(parts[0]), "--out", str(out / "twice")])
+    # a run cut by its time limit, then resumed: the resumed rows replace the cut ones
+    first, rest = out / "first", out / "rest"
+    for d in (first, rest):
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"env": dict(tool.environment([]), command=d.name)}))
+    half = len(rows) // 2
+    ids = {c["id"] for c in tool.matrix.cases("cpu")}
+    (first / "results.jsonl").write_text("".join(json.dumps(dict(r, status="cut") if i >= half else r) + "\n"
+                                                 for i, r in enumerate(rows)))
+    (rest / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[half:]))
+    assert tool.main(["--summarize", str(first), str(rest), "--out", str(out / "resumed"), "--size", "cpu"]) == 1
+    assert json.loads((out / "resumed" / "summary.json").read_text())["counts"] == whole["counts"]
+    done = {r["id"] for r in rows[:half]}
+    capsys.readouterr()
+    assert tool.main(["--size", "cpu", "--resume", str(first), "--list"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.split()[0] in ids}
+    assert listed == ids - done and listed                                      # the cut and the unreached
     # the recorded budget, as book/data keeps runs: no clock time, nothing that reads as a commit
     s["budget"]["kda"]["float32"]["_fla"] = {"refused": 1, "crashed": 0, "msg": "failed at 7f81ff8005e0, 12:00 UTC"}
     tool.record(out / "budget.json", tool.environment([]), s, size="cpu")

@@ -3,11 +3,15 @@ at the Triton level against float64 references on the same device, in worker pro
 
     python tools/conformance.py --size native --workers 14 --out DIR [--record] [--only VARIANT ...]
                                 [--max-seconds S] [--timeout S] [--reference naive|chunk|auto]
-                                [--per-variant N]
+                                [--per-variant N] [--no-fla] [--resume DIR …]
     python tools/conformance.py --summarize DIR        (the summary again, from DIR/results.jsonl)
     python tools/conformance.py --summarize DIR1 DIR2 … --out DIR [--record]
                                                        (one summary and budget over runs split by --only,
-                                                        e.g. one device call per group of variants)
+                                                        e.g. one device call per group of variants, or
+                                                        continued with --resume)
+    python tools/conformance.py --size native --resume DIR1 [DIR2 …] --out DIR …
+                                                       (the cases those runs did not finish: not reached,
+                                                        or cut by their time limit)
     python tools/conformance.py --size native --list   (the cases, one line each, and the coverage)
 
 Prints a line per case as it finishes; writes DIR/results.jsonl row by row, DIR/summary.json and
@@ -73,6 +77,10 @@ def main(argv=None) -> int:
                     help="float64 reference: the token loop, the chunk level, or the chunk level past T = 1024")
     ap.add_argument("--record", action="store_true", help=f"write the error budget to {RECORD.relative_to(ROOT)}")
     ap.add_argument("--list", action="store_true", help="print the cases and the coverage, run nothing")
+    ap.add_argument("--no-fla", action="store_true",
+                    help="run FLA beside ours on no case (FLA's autotuned kernels compile for minutes per shape)")
+    ap.add_argument("--resume", metavar="DIR", nargs="+", default=(),
+                    help="run only the cases these runs' results.jsonl do not hold finished (cut ones again)")
     ap.add_argument("--summarize", metavar="DIR", nargs="+",
                     help="rebuild the summary from these runs' results.jsonl (several: merged into --out)")
     a = ap.parse_args(argv)
@@ -81,6 +89,8 @@ def main(argv=None) -> int:
         return summarize([Path(d) for d in a.summarize], Path(a.out), a)
 
     cases = matrix.cases(a.size, only=a.only, per_variant=a.per_variant)
+    done = {r["id"] for d in a.resume for r in runner.read_jsonl(Path(d) / "results.jsonl") if r.get("status") != "cut"}
+    cases = [dict(c, fla=c["fla"] and not a.no_fla) for c in cases if c["id"] not in done]
     if a.list:
         for c in cases:
             print(f"{c['id']:28s} {runner.describe(c)}{' fla' if c['fla'] else ''}")
@@ -118,9 +128,13 @@ def summarize(dirs: list[Path], out: Path, a) -> int:
     runs of disjoint variants merged, so the matrix can be split over several device calls."""
     rows = [r for d in dirs for r in runner.read_jsonl(d / "results.jsonl")]
     if len(dirs) > 1:
+        finished = {r["id"] for r in rows if r.get("status") != "cut"}
+        cut = {r["id"]: r for r in rows if r.get("status") == "cut" and r["id"] not in finished}
+        rows = [r for r in rows if r.get("status") != "cut"] + list(cut.values())   # a cut case: its resumed row
         ids = [r["id"] for r in rows]
         if len(set(ids)) != len(ids):
-            raise SystemExit("--summarize: the runs share cases; merge runs of disjoint --only groups")
+            raise SystemExit("--summarize: the runs share cases; merge runs of disjoint --only groups, "
+                             "or a run and its --resume")
     else:
         out = dirs[0]
     envs = [json.loads((d / "summary.json").read_text()).get("env") for d in dirs if (d / "summary.json").exists()]
@@ -150,6 +164,7 @@ def record(path: Path, env: dict, s: dict, **how):
             return [plain(v) for v in x]
         return x
     data = {"env": env, **how, "counts": s["counts"], "not_run": s["not_run"], "cut": s["cut"],
+            "failures": [{k: f.get(k) for k in ("id", "status", "failed")} for f in s["failures"]],
             "tolerance": tolerances(), "budget": s["budget"]}
     path.write_text(json.dumps(plain(data), indent=1) + "\n")
 
