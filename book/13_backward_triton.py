@@ -878,9 +878,9 @@ for point in [dict(dtype="float32", gate=2, K=32, V=16, C=16, B=1, H=2, T=40, wi
 # The fixes are launch rules, each as narrow as the measured fault, since one pipeline stage is not
 # free (it costs a long sequence 1.7× in the state pass, and in float32 at chunk 64 one stage does not
 # even fit): one stage for a 256-wide key tile with chunks of 32 or fewer, one stage for the float32
-# reverse pass with a padded key tile at chunks of 16, and no kernel specialised on the sequence
-# length, the chunk count or the heads (so there is no one-chunk variant, and one compiled loop to
-# trust per tile shape):
+# reverse pass with a padded key tile at chunks of 16, and no delta-rule kernel specialised on the
+# sequence length, the chunk count or the heads (so there is no one-chunk variant, and one compiled
+# loop to trust per tile shape):
 
 # %%
 show(delta.state_stages)
