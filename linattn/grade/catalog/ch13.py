@@ -21,7 +21,7 @@ from ... import outputs, testing
 from ... import triton as lt
 from ...chunk import gla_backward as chunk_gla_backward
 from ...triton import gated, gated_backward as gb
-from ...triton.common import block, compute_dtype
+from ...triton.common import block, compute_dtype, decayed_dtype
 from ..exercise import Case, Exercise
 from .ch12 import _setting, autograd_backward
 
@@ -55,7 +55,8 @@ def reverse_state_pass(q, do, b, dfinal_state, *, scale, chunk_size=CHUNK):
     dsT = None if dfinal_state is None else dfinal_state.to(F32).contiguous()
     gb._dstates_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
         q, do, b, dh, dsT if dsT is not None else q, ds0, T, H, K, V, NT, scale, C=chunk_size, BK=SK, BV=SV,
-        GATE=gated.DIM_GATE, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32, HAS_DST=dsT is not None, STORE_DS0=True)
+        GATE=gated.DIM_GATE, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32, QDT=decayed_dtype(q.dtype),
+        HAS_DST=dsT is not None, STORE_DS0=True)
     return dh, ds0
 
 
