@@ -11,7 +11,9 @@
 #   usage: bash tools/gpu_validate.sh [pytest args...]      (OUT defaults to _build/gpu; JOBS pytest workers, 14)
 #   STAGES="conformance passes tests bench cp" (default: all five) runs a subset, e.g. to fit a 10-minute call;
 #   CONF_ARGS passes options to tools/conformance.py (default "--size native --workers $JOBS"; add
-#   --record to write book/data/error_budget.json, --only VARIANT, --reference auto); CONF_TIMEOUT bounds
+#   --record to write book/data/error_budget.json, --only VARIANT, --reference auto, --no-fla to leave
+#   FLA out: its autotuned kernels compile for minutes per shape, and without them 805 cases took 386 s
+#   on an H200 with 15 workers; --resume DIR to go on where a cut run stopped); CONF_TIMEOUT bounds
 #   it in seconds (default 540; it stops handing out cases 30 s before and writes its summary);
 #   BENCH_ARGS passes options to tools/bench.py (e.g. "--suite anchors"); BENCH_TIMEOUT bounds it
 #   in seconds (the bench saves its results row by row, so a cut-off run still reports); TESTS_TIMEOUT
