@@ -12,6 +12,7 @@ Two facts decide how a kernel computes (see chapter 09):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 
 import torch
@@ -54,7 +55,6 @@ def kernel(fn=None, *, keep=()):
     except those in `keep` (`@kernel(keep=("T",))`, where a kernel measurably needs the divisibility)."""
     if fn is None:
         return lambda f: kernel(f, keep=keep)
-    import inspect
     names = inspect.signature(fn).parameters
     return triton.jit(fn, do_not_specialize=[a for a in SIZE_ARGS if a in names and a not in keep])
 

@@ -476,6 +476,28 @@ def state_dtype(gate: int):
     return None if gate == NO_GATE else torch.float32
 
 
+def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True):
+    """Step 1 of `backward`, `_dstates_kernel` over every chunk from the last: dh [B, H, NT, K, V]
+    (dh_dtype; the gradient of the state after each chunk) and ds0 [B, H, K, V] float32 (None unless
+    with_ds0). b: the chunk-local gate sums (None without gates); dsT: the final state's gradient
+    (None: zeros). The grader of workbook 13 launches the library's pass through this too."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    q, do, b = contiguous(q, do, b)
+    COMPUTE = compute_dtype(q.dtype)
+    dh = outputs.empty((B, H, triton.cdiv(T, chunk_size), K, V), dtype=dh_dtype, device=q.device)   # all written
+    ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if with_ds0 else None
+    dsT = None if dsT is None else dsT.to(torch.float32).contiguous()
+    SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
+    last_launch["dstates"] = launch(
+        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, q if b is None else b, dh,
+        dsT if dsT is not None else q, ds0 if ds0 is not None else q, T, H, K, V, triton.cdiv(T, chunk_size), scale,
+        C=chunk_size, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
+        QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, HAS_DST=dsT is not None,
+        STORE_DS0=with_ds0, num_warps=4)
+    return dh, ds0
+
+
 def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
@@ -505,16 +527,9 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     bp = q if b is None else b                                          # an unused pointer without gates
 
     # 1. reverse pass over the chunks: D for every chunk, dinitial_state
-    dh = outputs.empty((B, H, NT, K, V), dtype=state_dtype(gate) or h.dtype, device=dev)   # every entry written
-    ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=dev) if s0 is not None else None
-    dsT_ = None if dsT is None else dsT.to(torch.float32).contiguous()
-    SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
     with stage(timer, "reverse pass dS"):
-        last_launch["dstates"] = launch(
-            _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, bp, dh,
-            dsT_ if dsT_ is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, d.scale,
-            BK=SK, BV=SV, QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, HAS_DST=dsT_ is not None, STORE_DS0=ds0 is not None,
-            num_warps=4, **common)
+        dh, ds0 = reverse_pass(q, do, b, dsT, gate=gate, scale=d.scale, chunk_size=C,
+                               dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None)
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)

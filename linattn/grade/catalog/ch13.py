@@ -21,7 +21,7 @@ from ... import outputs, testing
 from ... import triton as lt
 from ...chunk import gla_backward as chunk_gla_backward
 from ...triton import gated, gated_backward as gb
-from ...triton.common import block, compute_dtype, decayed_dtype
+from ...triton.common import block, compute_dtype
 from ..exercise import Case, Exercise
 from .ch12 import _setting, autograd_backward
 
@@ -44,20 +44,8 @@ def _chunk_of(T, C, device="cpu"):
 def reverse_state_pass(q, do, b, dfinal_state, *, scale, chunk_size=CHUNK):
     """The library's `_dstates_kernel`: dh [B, H, NT, K, V] (the gradient of the state after each
     chunk) and dinitial_state [B, H, K, V], both float32."""
-    B, T, H, K = q.shape
-    V = do.shape[-1]
-    NT = _nt(T, chunk_size)
-    dh = outputs.empty((B, H, NT, K, V), dtype=F32, device=q.device)
-    ds0 = outputs.empty((B, H, K, V), dtype=F32, device=q.device)
-    SK, SV = min(block(K), gated.STATE_BLOCK), min(block(V), gated.STATE_BLOCK)
-    COMPUTE = compute_dtype(q.dtype)
-    q, do, b = (x.contiguous() for x in (q, do, b))
-    dsT = None if dfinal_state is None else dfinal_state.to(F32).contiguous()
-    gb._dstates_kernel[(triton.cdiv(K, SK), triton.cdiv(V, SV), B * H)](
-        q, do, b, dh, dsT if dsT is not None else q, ds0, T, H, K, V, NT, scale, C=chunk_size, BK=SK, BV=SV,
-        GATE=gated.DIM_GATE, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32, QDT=decayed_dtype(q.dtype),
-        HAS_DST=dsT is not None, STORE_DS0=True)
-    return dh, ds0
+    return gb.reverse_pass(q, do, b, dfinal_state, gate=gated.DIM_GATE, scale=scale, chunk_size=chunk_size,
+                           dh_dtype=F32)
 
 
 def _dstates(q, do, b, dfinal_state, scale, C, *, reverse=True, decay=True, store_after=False,
