@@ -35,7 +35,15 @@ def _rows(x, n, C, T):
     return x[:, n * C:min((n + 1) * C, T)]
 
 
-def state_ref(wy: dict, h0, p) -> dict:
+def _first(g, n, p):
+    """e^{G_0} of chunk n for per-head gates, [B, H, 1, 1] float64 (Gated DeltaNet's W and Qs are
+    taken from the chunk's first token: linattn/triton/wy.py); 1 for the other gate kinds."""
+    if p.gate != 1:
+        return 1.0
+    return torch.exp(torch.clamp(g[:, n * p.C].double(), min=common.GATE_FLOOR.value))[..., None, None]
+
+
+def state_ref(wy: dict, h0, p, g=None) -> dict:
     """The state pass in float64: hs [B,H,NT,K,V], vnew [B,T,H,V], ht [B,H,K,V]."""
     w, u, kd = (wy[n].double() for n in ("w", "u", "kd"))
     B, T, H, K = w.shape
@@ -46,7 +54,7 @@ def state_ref(wy: dict, h0, p) -> dict:
     for n in range(p.NT):
         hs[:, :, n] = S
         Wn, Un, Kn = (_rows(x, n, p.C, T) for x in (w, u, kd))                  # [B, c, H, ·]
-        Vt = Un - torch.einsum("bchk,bhkv->bchv", Wn, S)
+        Vt = Un - torch.einsum("bchk,bhkv->bchv", Wn, S * _first(g, n, p))
         vnew[:, n * p.C:n * p.C + Vt.shape[1]] = Vt
         if p.gate:
             S = S * wy["dl"].double()[:, :, n, :, None]
@@ -70,14 +78,15 @@ def dstate_ref(q, g, wy: dict, do, dht, p) -> dict:
         A = A[..., :c]                                   # columns past T meet zero rows of dO
         if p.gate == 0:
             Qn = Qn * p.scale
-        if p.gate == 1:                                  # e^G of a per-head gate, from its chunk prefix sum
+        if p.gate == 1:                                  # e^{G − G_0} of a per-head gate, from its chunk prefix sum
             G = torch.cumsum(torch.clamp(_rows(g, n, p.C, T).double(), min=common.GATE_FLOOR.value), dim=1)
-            Qn = Qn * (torch.exp(G) * p.scale)[..., None]
+            Qn = Qn * (torch.exp(G - G[:, :1]) * p.scale)[..., None]
         dVt = torch.einsum("bihj,bihv->bjhv", A, dOn) + torch.einsum("bjhk,bhkv->bjhv", Kn, dS)
         dvnew[:, n * p.C:n * p.C + c] = dVt
         if p.gate:
             dS = dS * wy["dl"].double()[:, :, n, :, None]
-        dS = dS + torch.einsum("bihk,bihv->bhkv", Qn, dOn) - torch.einsum("bihk,bihv->bhkv", Wn, dVt)
+        dS = dS + _first(g, n, p) * (torch.einsum("bihk,bihv->bhkv", Qn, dOn)
+                                     - torch.einsum("bihk,bihv->bhkv", Wn, dVt))
     return dict(dhs=dhs, dvnew=dvnew, dh0=dS)
 
 
@@ -117,10 +126,10 @@ def check(dtype: str, gate: int, K: int, V: int, C: int, B: int, H: int, T: int,
     if not with_h0:
         h0 = dht = None
     with outputs.poisoned():
-        hs, vnew, ht = delta.state_stage(wy, h0, p, True, over_u=False)
+        hs, vnew, ht = delta.state_stage(wy, h0, p, True, over_u=False, g=g)
         dhs, dvnew, dh0 = backward.dstate_stage(q, g, wy, do, dht, p)
     ours = dict(hs=hs, vnew=vnew, ht=ht, dhs=dhs, dvnew=dvnew, dh0=dh0)
-    ref = dict(state_ref(wy, h0, p), **dstate_ref(q, g, wy, do, dht, p))
+    ref = dict(state_ref(wy, h0, p, g), **dstate_ref(q, g, wy, do, dht, p))
     err = {n: _rel(ours[n], ref[n]) for n in ours}
     failed = sorted(n for n, (bad, e) in err.items() if bad or e > testing.GRAD_TOLERANCE[dt])
     return dict(err={n: [bad, float(f"{e:.3g}")] for n, (bad, e) in err.items()}, failed=failed,

@@ -14,7 +14,9 @@ Stage 1, linattn/triton/wy.py, fully parallel over (chunk, head): a factor kerne
     scale · Q ⊙ e^G for stage 3 (a per-head gate's e^G is one number per token, applied by
     stage 3 itself). KDA's factor kernel gives W and the decays itself (the second kernel gives
     U only), and a third kernel redoes the chunks whose gates decay too fast for it. How the
-    decays stay finite with log-gates down to −20 per token is told there.
+    decays stay finite with log-gates down to −20 per token is told there, and why Gated
+    DeltaNet's W and e^G are taken from each chunk's first token (W̃, with e^{G_0} applied by
+    stages 2 and 3 after their products).
 Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: the affine pass
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
@@ -36,7 +38,7 @@ from ..support import check_triton, refuse_packed
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, kernel,
                      launch, num_sms, tile)
-from .wy import SUB, factor_stage, wu_stage, wy_stage  # noqa: F401  (stage 1)
+from .wy import SUB, absolute_w, factor_stage, first_gate, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/performance.md.
 # Narrow V-blocks in the state pass give a long sequence with few heads more programs;
@@ -131,9 +133,10 @@ def plan(q, g, d, C) -> Plan:
                 torch.float32 if ieee else q.dtype, block(d.K), q.device)
 
 
-def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = False):
+def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = False, g=None):
     """Stage 2, one program per (V-block, head) walking the chunks in order: Ṽ = U − W S,
-    S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ. Returns (states [B,H,NT,K,V] entering each chunk,
+    S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ (Gated DeltaNet: W S = e^{G_0} W̃ S, g its per-head
+    log-gates [B,T,H], see linattn/triton/wy.py). Returns (states [B,H,NT,K,V] entering each chunk,
     Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None). over_u: Ṽ is written over U (each
     program reads a block of U once, then writes Ṽ to the same place), saving a [B,T,H,V] buffer
     when nothing reads U afterwards."""
@@ -144,8 +147,8 @@ def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = 
     BV = state_block(V, B * H)
     launch(
         _state_kernel, (triton.cdiv(V, BV), B * H),
-        wy["kd"], wy["dl"] if p.gate else hs, wy["w"], wy["u"], hs if h0 is None else h0, hs, vnew,
-        hs if ht is None else ht, T, p.NT,
+        wy["kd"], wy["dl"] if p.gate else hs, g if p.gate == 1 else hs, wy["w"], wy["u"],
+        hs if h0 is None else h0, hs, vnew, hs if ht is None else ht, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
         max_stages=state_stages(p))
@@ -197,7 +200,7 @@ def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, 
     wy.update(wu_stage(q, k, v, g, beta, wy["ai"], p))
     if not keep:
         del wy["ai"]
-    hs, vnew, ht = state_stage(wy, h0, p, output_final_state, over_u=not keep)
+    hs, vnew, ht = state_stage(wy, h0, p, output_final_state, over_u=not keep, g=g)
     if not keep:
         for name in ("w", "u", "kd", "dl"):
             del wy[name]
@@ -213,7 +216,7 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @kernel
-def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
+def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                   HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
@@ -227,9 +230,13 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         S = tl.load(h0 + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], mask=ms, other=0.0)
     # The decay e^{G_C} of chunk n is loaded one chunk ahead: a load waited on in the same
     # iteration (it feeds no dot operand, so the pipeliner leaves it alone) stalls every step.
+    # Gated DeltaNet's e^{G_0} (W = e^{G_0} W̃, linattn/triton/wy.py) likewise.
     dl_n = tl.zeros((BK,), dtype=tl.float32)                                     # [BK]
+    f_n = 1.0
     if GATE > 0:
         dl_n = tl.load(dl + bh.to(tl.int64) * NT * K + dk, mask=dk < K, other=0.0)
+    if GATE == 1:
+        f_n = first_gate(g, (b * T).to(tl.int64) * H + h)
     for n in range(NT):
         # the state entering chunk n, for the output stage
         hn = hs + (bh.to(tl.int64) * NT + n) * K * V
@@ -244,7 +251,11 @@ def _state_kernel(kd, dl, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         mv = tm[:, None] & (dv[None, :] < V)
         Wt = tl.load(w + r0 * K + (row[:, None] * K + dk[None, :]), mask=mk, other=0.0)  # [C, BK]
         Ut = tl.load(u + r0 * V + (row[:, None] * V + dv[None, :]), mask=mv, other=0.0).to(tl.float32)
-        Vt = Ut - _mm(Wt, S, DT, IEEE)                                            # [C, BV] Ṽ
+        WS = _mm(Wt, S, DT, IEEE)                                                 # [C, BV] W̃ S
+        if GATE == 1:
+            WS = WS * f_n                                                         # W = e^{G_0} W̃
+            f_n = tl.exp(gate_floor(tl.load(g + r0 + C * H, mask=n + 1 < NT, other=0.0)))
+        Vt = Ut - WS                                                              # [C, BV] Ṽ
         tl.store(vnew + r0 * V + (row[:, None] * V + dv[None, :]), Vt.to(vnew.dtype.element_ty), mask=mv)
         # K ⊙ e^{G_C − G} (just K for DeltaNet) and the decay e^{G_C} across the chunk, from stage 1
         # kept in the stored dtype: a float32 copy would go through registers, not the pipeline
@@ -276,8 +287,10 @@ def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
     qt = tl.load(q + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)
     if GATE == 0:
         qt = qt * scale
-    if GATE == 1:   # one decay per token: e^{G_i} ≤ 1 from the chunk's own prefix sum
-        G1 = tl.cumsum(gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0)), axis=0)  # [C]
+    if GATE == 1:   # one decay per token: e^{G_i − G_0} ≤ 1, the gates after the first summed
+        jc0 = tl.arange(0, C)
+        G1 = tl.cumsum(tl.where(jc0 == 0, 0.0, gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))),
+                       axis=0)                                                    # [C]
         qt = qt * (tl.exp(G1) * scale)[:, None]
     hn = hs + (bh.to(tl.int64) * NT + n) * K * V
     S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),
@@ -285,5 +298,8 @@ def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
     jc = tl.arange(0, C)
     Aqk = tl.load(aqk + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0)  # [C, C]
     Vt = tl.load(vnew + row[:, None] * V + dv[None, :], mask=mv, other=0.0)      # [C, BV]
-    out = _mm(qt, S, DT, IEEE) + _mm(Aqk, Vt, DT, IEEE)                          # [C, BV]
+    QS = _mm(qt, S, DT, IEEE)                                                     # [C, BV]
+    if GATE == 1:
+        QS = QS * first_gate(g, r0)                                               # e^{G_0}, float32
+    out = QS + _mm(Aqk, Vt, DT, IEEE)                                            # [C, BV]
     tl.store(o + row[:, None] * V + dv[None, :], out.to(o.dtype.element_ty), mask=mv)

@@ -40,6 +40,7 @@ from .. import outputs
 from ..validate import first_order
 from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
+from .wy import first_gate
 from .wy_backward import gate_stage, mm, precise
 
 # V-blocks of the reverse state pass and of the per-chunk reductions. The reverse pass takes 64-wide
@@ -122,7 +123,7 @@ def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
     with stage(timer, "reverse pass dS"):
         dhs, dvnew, dh0 = dstate_stage(q, g, wy, do, dht, p)
     with stage(timer, "per-chunk grads, WY"):
-        grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p)
+        grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g)
     del wy, hs, vnew, dhs, dvnew                          # step 4 reads none of them
     with stage(timer, "dq, dk, dg, dβ"):
         dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
@@ -163,7 +164,7 @@ def dstate_stages(p) -> int:
     return 1 if precise(p) and p.K < p.BK and p.C <= 16 else 3
 
 
-def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
+def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
     """Step 3: dict of float32 gradients for step 4 (dqs, dkd, dbk [B,T,H,K]; da, daqk [B,T,H,C];
     ddl [B,H,NT,K]), dv (v's dtype) and the β gradient through U, [B,T,H] float32."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
@@ -175,7 +176,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p):
     db_v = outputs.empty((B, T, H), **f32)
     BV = tile(V, TUNING["bv_chunk"])
     launch(_dchunk_kernel, (p.NT, B * H),
-        v, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
+        v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV))
@@ -217,20 +218,24 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
         qt = tl.load(qs + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Qs
         if GATE == 0:
             qt = qt * scale
-        if GATE == 1:   # as the output stage: e^G of a per-head gate from its prefix sum
-            G1 = tl.cumsum(gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0)), axis=0)
+        if GATE == 1:   # as the output stage: e^{G − G_0} of a per-head gate, the gates after the first
+            G1 = tl.cumsum(tl.where(jc == 0, 0.0, gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))),
+                           axis=0)
             qt = qt * (tl.exp(G1) * scale)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
         dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
-        dS += mm(tl.trans(qt), dOt, DT, IEEE, X3) - mm(tl.trans(Wt), dVt, DT, IEEE, X3)  # [BK, BV] dS_n
+        dSn = mm(tl.trans(qt), dOt, DT, IEEE, X3) - mm(tl.trans(Wt), dVt, DT, IEEE, X3)  # [BK, BV]
+        if GATE == 1:
+            dSn = dSn * first_gate(g, r0)        # Qs and W from the chunk's first token (wy.py)
+        dS += dSn                                                                 # dS_n
     tl.store(dh0 + bh.to(tl.int64) * K * V + offs, dS, mask=ms)
 
 
 @kernel
-def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
+def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
                    dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
                    IEEE: tl.constexpr, X3: tl.constexpr):
@@ -278,7 +283,10 @@ def _dchunk_kernel(v, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, d
         dA += mm(dBv, tl.trans(Ut), DT, IEEE, X3)
     dBk = mm(tl.trans(Ti), dW, DT, IEEE, X3)                                         # [C, BK] 𝒯ᵀ dW
     Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)
-    dA = -(dA + mm(dBk, tl.trans(Wt), DT, IEEE, X3))
+    dBW = mm(dBk, tl.trans(Wt), DT, IEEE, X3)                                        # [C, C]
+    if GATE == 1:
+        dBW = dBW * first_gate(g, r0)            # W = e^{G_0} W̃ (wy.py)
+    dA = -(dA + dBW)
     dA = tl.where(jc[:, None] > jc[None, :], dA, 0.0)
     dAqk = tl.where(jc[:, None] >= jc[None, :], dAqk, 0.0)
     tl.store(dqs + offk, dQs, mask=mk)

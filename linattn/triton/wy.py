@@ -31,6 +31,17 @@ Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and 
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
 the chunk end — except in KDA's split products (e^{−G} ≤ e^{60}, checked per chunk) and
 `_kda_diag` (the same bound per 16-row block).
+
+Gated DeltaNet's decays from the chunk start, e^{G_i} in W = 𝒯 (β K ⊙ e^G) and in the queries
+scale · Q ⊙ e^G, are taken from the chunk's first token instead: W̃ = e^{−G_0} W (stored) and
+e^{G_i − G_0}, and the factor e^{G_0} multiplies the products they enter (W S, Wᵀ dṼ, Qs S,
+Qsᵀ dO) in float32, after the dot (`first_gate`). The first token's factor is the chunk's largest
+(the G_i fall), so the stored and multiplied tiles keep their bits: with strong gates e^{G_0}
+alone (e^{−15} = 3e-7) is below fp16's normal range (6e-5), and rounded into an fp16 operand it
+kept a few bits of the initial state's gradient, which it alone makes (natively, an H200: relative
+error 0.62 in fp16, Gated DeltaNet with log-gates near −15). A per-head gate makes e^{G_0} one
+number per chunk; KDA's per-dimension factors would need one per key dimension and stay in the
+operands.
 """
 from __future__ import annotations
 
@@ -39,7 +50,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import SPLIT_RANGE, block, dot, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
+from .common import GATE_FLOOR, SPLIT_RANGE, block, dot, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -130,12 +141,28 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
 
 def wy_stage(q, k, v, g, beta, p) -> dict:
     """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai and the W/U
-    outputs."""
+    outputs (for Gated DeltaNet w holds W̃, W from the chunk's first token: `absolute_w`)."""
     s = factor_stage(q, k, g, beta, p, torch.float32)
     return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
+def absolute_w(w, g, C: int):
+    """W from the stored W̃ of Gated DeltaNet (per-head g [B,T,H]): e^{G_0} W̃ per chunk, float32;
+    w itself for the other variants (see the module doc)."""
+    if g is None or g.dim() != 3:
+        return w
+    first = g[:, ::C].float().clamp(min=GATE_FLOOR.value)                     # [B, NT, H] G_0
+    return w.float() * first.exp().repeat_interleave(C, dim=1)[:, :w.shape[1], :, None]
+
+
 # ---------------------------------------------------------------- device helpers
+
+@triton.jit
+def first_gate(g, r0):
+    """e^{G_0} of a chunk with per-head log-gates: its first token's gate (g + r0 points at it),
+    floored as every kernel reads gates (see the module doc)."""
+    return tl.exp(gate_floor(tl.load(g + r0)))
+
 
 @triton.jit
 def _mm32(a, b, PREC: tl.constexpr):
@@ -613,7 +640,8 @@ def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
 @triton.jit
 def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C: tl.constexpr,
             BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    """DeltaNet / Gated DeltaNet, from one load of K (and the per-head gates): W = 𝒯 (β K ⊙ e^G);
+    """DeltaNet / Gated DeltaNet, from one load of K (and the per-head gates): W = 𝒯 (β K ⊙ e^G),
+    for Gated DeltaNet taken from the chunk's first token, W̃ = e^{−G_0} W (`first_gate`);
     with gates, for the state pass, K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C
     comes from the sum taken from the chunk end minus g_i (never a difference of two long prefix
     sums); padded rows have g = 0."""
@@ -625,7 +653,9 @@ def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C
     eg = tl.full((C, 1), 1.0, tl.float32)                                         # e^G, no gates
     if GATE == 1:
         gt = gate_floor(tl.load(g + row, mask=tm, other=0.0))                  # [C]
-        eg = tl.exp(tl.cumsum(gt, axis=0))[:, None]
+        # e^{G − G_0}: decays from the chunk's first token (see `first_gate`); the sum of the gates
+        # after it, not a difference of prefix sums
+        eg = tl.exp(tl.cumsum(tl.where(jc == 0, 0.0, gt), axis=0))[:, None]
         tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]          # e^{G_C − G}
         tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
         tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk,
