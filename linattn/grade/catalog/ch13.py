@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import outputs, testing
+from ... import decay, outputs, testing
 from ... import triton as lt
 from ...chunk import gla_backward as chunk_gla_backward
 from ...triton import gated, gated_backward as gb
@@ -119,7 +119,7 @@ def dstates_cases(seed):
     for i, (B, T, H, K, V, strength) in enumerate(STATE_SHAPES):
         T = max(1, T + rng.randint(-3, 3))
         gen, q, _, g, do = _grads_inputs(seed, i, B, T, H, K, V, strength)
-        b = gated.gate_sums(g, CHUNK)
+        b = decay.chunk_local_prefix(g, CHUNK).contiguous()   # torch: cases are made on the CPU, graded anywhere
         dsT = torch.randn(B, H, K, V, generator=gen)
         scale = K ** -0.5 if i != 1 else 0.5
         cases.append(Case(args=(q, do, b, dsT), kwargs={"scale": scale, "chunk_size": CHUNK}, dtype=F32,
@@ -301,7 +301,7 @@ def offdiag_cases(seed):
     for i, (B, T, H, K, strength) in enumerate(TILE_SHAPES):
         T = max(1, T + rng.randint(-3, 3))
         gen, q, k, g, _ = _grads_inputs(seed, i, B, T, H, K, 16, strength)
-        b = gated.gate_sums(g, CHUNK)
+        b = decay.chunk_local_prefix(g, CHUNK).contiguous()   # torch: cases are made on the CPU, graded anywhere
         cases.append(Case(args=(q, k, b, _dA(gen, B, T, H, CHUNK)), dtype=F32,
                           kwargs={"chunk_size": CHUNK, "sub_chunk_size": SUB},
                           note=f"B={B} T={T} H={H} K={K}, {strength} gates"))
