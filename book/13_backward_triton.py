@@ -67,7 +67,7 @@ from linattn import triton as lt
 from linattn.chunk import gla_tiles
 from linattn.chunk.gated import dense_chunks
 from linattn.device import pick
-from linattn.triton import common, delta, delta_backward, gated, gated_backward, wy_backward
+from linattn.triton import common, delta, delta_backward, gated, gated_backward, wy, wy_backward
 from linattn.validate import check_inputs
 
 print(linattn.device.describe())
@@ -946,20 +946,24 @@ else:
     print(bench.markdown_table(["variant", "dtype", "tensor", "ours", "FLA"], above))
 
 # %% [markdown]
-# One case failed (the table above), and it is a limit of the input dtype's range, not a compiler
-# hazard: Gated DeltaNet in fp16 with strong gates (up to −20 per token) and an initial state, whose
-# gradient $dS_0$ comes out wrong. Its first token decays by $e^{-15} \approx 3\times10^{-7}$, and that token alone
-# makes $dS_0$; fp16's normal numbers end at $6\times10^{-5}$ (its subnormals keep only a few bits),
-# and the backward multiplies with fp16 copies of the decayed factors ($W = \mathcal{T}\,
-# \mathrm{diag}(\beta)(K\odot e^{G})$ between stages, $q\odot e^{G}$ in the reverse pass). bf16
-# carries float32's exponent range, so the same case in bf16 is right. The GLA family's reverse pass
-# takes its decayed operand in float32 for fp16 inputs (`common.decayed_dtype`, shown below), and the
-# per-head GLA case like it passes. For the delta rules the fix has to reach $W$'s storage between
-# stages, which the fp16 forward reads too; that is open, with what was measured, in
-# `docs/native_correctness.md`.
+# The hardest cases for the range of a half-precision dtype are fp16 inputs with strong gates
+# (up to −20 per token) and an initial state. The first token of a chunk decays by
+# $e^{-15} \approx 3\times10^{-7}$, and that token alone makes the initial state's gradient $dS_0$;
+# fp16's normal numbers end at $6\times10^{-5}$, and its subnormals keep only a few bits. A factor
+# decayed from the chunk start and rounded to fp16 — $q\odot e^{b}$ in the GLA family's reverse
+# pass, $W = \mathcal{T}\,\mathrm{diag}(\beta)(K\odot e^{G})$ stored between the delta rules'
+# stages — loses $dS_0$: Gated DeltaNet's came out 0.62 wrong that way on an H200. bf16 carries
+# float32's exponent range and is right. Two cures, one per family, both in the table's run:
+# the GLA family's reverse pass takes that operand in float32 for fp16 inputs (a tf32 product,
+# `common.decayed_dtype`, shown below); Gated DeltaNet takes $W$ and $q\odot e^{G}$ from each
+# chunk's *first* token, $\tilde W = e^{-G_0}W$ and $q\odot e^{G-G_0}$, whose largest factor is 1,
+# and multiplies the products by the one number $e^{G_0}$ in float32 (`wy.first_gate`, shown
+# below; the state, output and reverse passes all do it). No stored tile then carries the tiny
+# factor, and it cost Gated DeltaNet 1–3 % of its time.
 
 # %%
 show(common.decayed_dtype)
+show(wy.first_gate)
 
 # %% [markdown]
 # A picture of the pairs: each point is one variant × dtype × tensor, ours against FLA's on the same
