@@ -265,3 +265,14 @@ def test_bench_script_checks_what_it_times(tmp_path):
         errs = [v for k, v in row.items() if k.startswith("rel_err_")]
         assert len(errs) == 3 and max(errs) <= testing.tolerance(torch.bfloat16), row
     assert (tmp_path / "bench.md").exists() and (tmp_path / "bench.png").exists()
+
+
+@pytest.mark.parametrize("shape", [(2, 45, 3), (2, 45, 3, 16)])
+def test_gate_sums_of_a_strided_view(shape):
+    # the chunk-local sums read g with plain strides: a transposed view (a grader's or a caller's
+    # tensor) must give the sums of its values, not of its memory order
+    g = testing.log_gates(shape, "normal", generator=torch.Generator().manual_seed(1)).to(DEV)
+    view = g.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not view.is_contiguous()
+    ref = torch.cat([c.double().cumsum(1) for c in g.split(32, dim=1)], dim=1)
+    assert testing.rel_err(gated.local_cumsum(view, 32), ref) <= testing.tolerance(torch.float32)

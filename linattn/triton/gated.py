@@ -432,6 +432,7 @@ def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: t
 
 def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
+    g = g.contiguous()          # the kernel reads [B, T, W] with plain strides (a copy only if needed)
     B, T = g.shape[:2]
     W = g[0, 0].numel()
     b = outputs.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below

@@ -146,12 +146,12 @@ def _intra(q, k, g, dA, C, c, keep_diag):
     _, same = _blocks(T, C, c)
     keep = same if keep_diag else ~same
     dA = torch.where(keep[None, :, None, :].to(dA.device), dA, 0.0).to(F32).contiguous()
+    q, k, g = (x.contiguous() for x in (q, k, g))
     b = gated.gate_sums(g, C)
     dqi = outputs.empty((B, T, H, K), dtype=F32, device=q.device)
     dki = outputs.empty((B, T, H, K), dtype=F32, device=q.device)
     BK = min(block(K), gb.GRAD_BLOCK)
     COMPUTE = compute_dtype(q.dtype)
-    q, k, g = (x.contiguous() for x in (q, k, g))
     gb._intra_grad_kernel[(triton.cdiv(K, BK), _nt(T, C) * (C // c), B * H)](
         q, k, g, b, dA, dqi, dki, T, H, K, C=C, c=c, BK=BK, GATE=gated.DIM_GATE, COMPUTE=COMPUTE,
         IEEE=COMPUTE == tl.float32)
