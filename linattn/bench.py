@@ -117,6 +117,8 @@ from pathlib import Path  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
+from .testing import log_gates  # noqa: E402
+
 # op → (linattn function name, extra library kwargs, FLA function in fla.ops)
 OPS = {
     "linear_attn": ("linear_attn", {}, "chunk_linear_attn"),
@@ -127,6 +129,12 @@ OPS = {
     "gated_delta_rule": ("kda", {}, "chunk_gated_delta_rule"),    # per-head gate
 }
 GATED = {"gla": "dim", "simple_gla": "head", "kda": "dim", "gated_delta_rule": "head"}
+# Gate distributions a benchmark sweeps (`testing.log_gates`): "normal", logsigmoid(x)/16, is mild —
+# a 64-token chunk decays by at most about e^-5 — and is the anchor setting every recorded table and
+# chapter reads; "logsigmoid" is a model's gate without that damping; "mamba" is the initialisation
+# of Mamba-2's and KDA's gate, −e^{A_log}·softplus(x + dt_bias), whose chunks decay by e^-74 to e^-246.
+# Speed may depend on them (a kernel's fast path can hold only for chunks that decay little).
+GATE_SWEEP = ("normal", "logsigmoid", "mamba")
 DELTA = ("delta_rule", "kda", "gated_delta_rule")
 
 
@@ -147,8 +155,9 @@ def median_ms(fn, *, slow_ms: float = 20.0) -> float:
 
 
 def anchor_inputs(op: str, T: int, *, tokens=32768, H=16, K=128, V=128, dtype=torch.bfloat16,
-                  device="cuda", seed=0) -> dict:
-    """Keyword arguments for the library op behind `op` at the anchor setting (B = tokens // T)."""
+                  device="cuda", seed=0, gates="normal") -> dict:
+    """Keyword arguments for the library op behind `op` at the anchor setting (B = tokens // T);
+    gates: the log-gates' distribution (one of GATE_SWEEP, `testing.log_gates`)."""
     B = max(1, tokens // T)
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -162,7 +171,7 @@ def anchor_inputs(op: str, T: int, *, tokens=32768, H=16, K=128, V=128, dtype=to
     args["k"] = args["k"].to(dtype)
     if op in GATED:
         shape = (B, T, H, K) if GATED[op] == "dim" else (B, T, H)
-        args["g"] = F.logsigmoid(rnd(*shape)) / 16
+        args["g"] = log_gates(shape, gates, generator=gen, device=device)
     return args
 
 

@@ -2,9 +2,11 @@
 
     python tools/bench.py [--suite anchors|chunks|resources|train|all] [--T 1024 2048 ...] [--out DIR]
 
-anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward,
-           gates logsigmoid(randn)/16; FLA 0.6.0 (when importable) and SDPA causal in the same
-           run on the same inputs; median of triton.testing.do_bench; ratios to FLA.
+anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward;
+           the gated ops with each gate distribution of bench.GATE_SWEEP (--gates): mild,
+           logsigmoid(randn)/16, in "rows" (what the chapters read), the others in "by_gates";
+           FLA 0.6.0 (when importable) and SDPA causal in the same run on the same inputs; median
+           of triton.testing.do_bench; ratios to FLA.
 chunks:    GLA (per-dim gate) with materialised states as the chunk size C grows 16 … 256:
            the inter-chunk state pass alone vs the rest (intra-chunk tiles + q·S) — the shape of the
            GLA paper's Figure 2 (right).
@@ -62,53 +64,82 @@ def check(op, args, fn):
     return testing.rel_err(o, ref)
 
 
-def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None):
-    from linattn.triton import gated
+def gate_runs(op, gates):
+    """The gate distributions op is timed with: each of `gates` for a gated op, None for the others."""
+    return list(gates) if op in bench.GATED else [None]
 
-    rows, ops = [], [op for op in triton_ops() if not only or op in only]
+
+def place(res, row):
+    """A row goes to res["rows"] (mild gates, "normal", or none: what the chapters read) or to
+    res["by_gates"][distribution]."""
+    if row["gates"] in (None, "normal"):
+        res["rows"].append(row)
+    else:
+        res["by_gates"].setdefault(row["gates"], []).append(row)
+
+
+def order(rows):
+    rows.sort(key=lambda r: (list(bench.OPS).index(r["op"]), r["T"]))   # --T may come in any order
+
+
+def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=bench.GATE_SWEEP):
+    ops = [op for op in triton_ops() if not only or op in only]
     bw = bench.copy_bandwidth() if torch.cuda.is_available() else None
     if bw:
         log(f"device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     missing = [op for op in bench.OPS if op not in triton_ops() and (not only or op in only)]
+    res = {"rows": [], "by_gates": {}}
     for T in Ts:
         sd = bench.median_ms(bench.sdpa_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
                                              device=size["device"]))
         for op in ops:
-            args = bench.anchor_inputs(op, T, **size)
-            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd,
-                   "floor": bench.floor_ms(args, bw) if bw else None}
-            fla = bench.fla_call(op, args)
-            row["fla"] = bench.median_ms(fla) if fla else None
-            for level in levels_for(op):
-                if level in PYTHON_LEVELS and T != Ts[0] and not (all_levels and level == "chunk"):
-                    row[level] = None
-                    continue
-                fn = call_for(op, level, args)
-                try:
-                    if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
-                        row[f"rel_err_{level}"] = check(op, args, fn)
-                    row[level] = bench.median_ms(fn)
-                    if level == "triton:fused" and gated.ran.get("mode") != "fused":  # fell back
-                        row[level], row[f"error_{level}"] = None, gated.ran.get("mode")
-                except Exception as exc:  # a kernel that fails to compile or run: record it, go on
-                    row[level], row[f"error_{level}"] = None, f"{type(exc).__name__}: {exc}"[:300]
-            row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] and row["triton"] else None
-            row["ratio_floor"] = row["triton"] / row["floor"] if row["floor"] and row["triton"] else None
-            rows.append(row)
-            rows.sort(key=lambda r: (list(bench.OPS).index(r["op"]), r["T"]))  # --T may come in any order
-            if save:
-                save({"rows": rows, "notes": []})
-            log(f"T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()
-                                              if isinstance(v, float)))
-            del args
+            for gs in gate_runs(op, gates):
+                row = anchor_row(op, T, gs, sd, bw, size, Ts, all_levels)
+                place(res, row)
+                for rows in (res["rows"], *res["by_gates"].values()):
+                    order(rows)
+                if save:
+                    save(dict(res, notes=[]))
+                log(f"T={T} {op}" + (f" ({gs} gates)" if gs else "") + ": " +
+                    ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)))
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     skipped = "naive" if all_levels else "chunk and naive"
     notes = [f"{skipped}: timed at T = {Ts[0]} only: Python loops over chunks or tokens cost seconds of "
              "device time per point and are not what the table compares (--all-levels times chunk at every T)"] + [f"{op}: linattn.triton has no {bench.OPS[op][0]} in this tree" for op in missing]
+    notes.append("rows: mild gates (logsigmoid(x)/16) or none; by_gates: the gated ops with the other "
+                 "distributions of bench.GATE_SWEEP (Python levels not timed there)")
     if bw:
         notes.append(f"floor: reading every input once and writing o once at the copy bandwidth measured in "
                      f"this run, {bw / 1e12:.2f} TB/s (read + write)")
-    return {"rows": rows, "notes": notes, "bandwidth": bw}
+    return dict(res, notes=notes, bandwidth=bw)
+
+
+def anchor_row(op, T, gs, sd, bw, size, Ts, all_levels):
+    """One op × T × gate distribution of the forward suite: every level's median ms, FLA, SDPA, floor."""
+    from linattn.triton import gated
+
+    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
+    row = {"op": op, "T": T, "gates": gs, "B": args["q"].shape[0], "sdpa": sd,
+           "floor": bench.floor_ms(args, bw) if bw else None}
+    fla = bench.fla_call(op, args)
+    row["fla"] = bench.median_ms(fla) if fla else None
+    for level in levels_for(op):
+        if level in PYTHON_LEVELS and (T != Ts[0] or gs not in (None, "normal")) and not (all_levels and level == "chunk"):
+            row[level] = None
+            continue
+        fn = call_for(op, level, args)
+        try:
+            if level.startswith("triton") and T in (Ts[0], Ts[-1]):  # natively correct?
+                row[f"rel_err_{level}"] = check(op, args, fn)
+            row[level] = bench.median_ms(fn)
+            if level == "triton:fused" and gated.ran.get("mode") != "fused":  # fell back
+                row[level], row[f"error_{level}"] = None, gated.ran.get("mode")
+        except Exception as exc:  # a kernel that fails to compile or run: record it, go on
+            row[level], row[f"error_{level}"] = None, f"{type(exc).__name__}: {exc}"[:300]
+    row["ratio_fla"] = row["triton"] / row["fla"] if row["fla"] and row["triton"] else None
+    row["ratio_floor"] = row["triton"] / row["floor"] if row["floor"] and row["triton"] else None
+    del args
+    return row
 
 
 def suite_chunks(T, chunk_sizes, log, size):
@@ -211,39 +242,22 @@ def train_check(op, args):
     return max(testing.rel_err(a, b) for a, b in zip(got, ref))
 
 
-def suite_train(Ts, log, size, only=None, save=None):
-    import linattn.triton as lt
-
-    rows, ops = [], [op for op in triton_ops() if not only or op in only]
+def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
+    ops = [op for op in triton_ops() if not only or op in only]
     dev = size["device"]
+    res = {"rows": [], "by_gates": {}}
     for T in Ts:
         sd = {}
         timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"], device=dev))
         for op in ops:
-            args = bench.anchor_inputs(op, T, **size)
-            row = {"op": op, "T": T, "B": args["q"].shape[0], "sdpa": sd.get("sdpa"), "mem_sdpa": sd.get("mem_sdpa")}
-            fn = getattr(lt, bench.OPS[op][0])
-            timed(row, "triton", lambda: train_call(fn, args))
-            if op in TRAIN_KEEP:
-                timed(row, "triton:keep", lambda: train_call(lambda **a: fn(**a, recompute=False), args))
-            fla = bench.fla_call(op, args)
-            if fla is not None:
-                timed(row, "fla", lambda: train_call(lambda **a: bench.fla_call(op, a)(), args))
-            else:
-                row["fla"], row["error_fla"] = None, "fla not importable"
-            if T == Ts[0] and row.get("triton") is not None:
-                try:
-                    row["rel_err_grad"] = train_check(op, args)
-                except Exception as exc:
-                    row["error_check"] = f"{type(exc).__name__}: {exc}"[:300]
-            row["ratio_fla"] = row["triton"] / row["fla"] if row.get("fla") and row.get("triton") else None
-            row["ratio_sdpa"] = row["triton"] / row["sdpa"] if row.get("sdpa") and row.get("triton") else None
-            rows.append(row)
-            if save:                     # row by row, so a run cut by its time limit still reports
-                save({"rows": rows, "stages": {}, "notes": []})
-            log(f"train T={T} {op}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
-                "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
-            del args
+            for gs in gate_runs(op, gates):
+                row = train_row(op, T, gs, sd, size, check_grads=T == Ts[0])
+                place(res, row)
+                if save:                     # row by row, so a run cut by its time limit still reports
+                    save(dict(res, stages={}, notes=[]))
+                log(f"train T={T} {op}" + (f" ({gs} gates)" if gs else "") + ": " +
+                    ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
+                    "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
     stages = {}
     for op in ops:
         T = 8192 if 8192 in Ts else Ts[-1]
@@ -258,7 +272,40 @@ def suite_train(Ts, log, size, only=None, save=None):
              "recompute=False (states kept from the forward)",
              "rel_err_grad: largest relative error of a Triton gradient against the chunk level (float32 "
              "compute, same bf16 inputs), at the first T"]
-    return {"rows": rows, "stages": stages, "notes": notes}
+    notes.append("rows: mild gates (logsigmoid(x)/16) or none; by_gates: the gated ops with the other "
+                 "distributions of bench.GATE_SWEEP")
+    return dict(res, stages=stages, notes=notes)
+
+
+def train_row(op, T, gs, sd, size, check_grads):
+    """One op × T × gate distribution of the training suite: ours (recompute and keep), FLA, SDPA."""
+    import linattn.triton as lt
+
+    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
+    row = {"op": op, "T": T, "gates": gs, "B": args["q"].shape[0], "sdpa": sd.get("sdpa"),
+           "mem_sdpa": sd.get("mem_sdpa")}
+    fn = getattr(lt, bench.OPS[op][0])
+    timed(row, "triton", lambda: train_call(fn, args))
+    if op in TRAIN_KEEP:
+        timed(row, "triton:keep", lambda: train_call(lambda **a: fn(**a, recompute=False), args))
+    fla = bench.fla_call(op, args)
+    if fla is not None:
+        timed(row, "fla", lambda: train_call(lambda **a: bench.fla_call(op, a)(), args))
+    else:
+        row["fla"], row["error_fla"] = None, "fla not importable"
+    if check_grads and row.get("triton") is not None:
+        try:
+            row["rel_err_grad"] = train_check(op, args)
+        except Exception as exc:
+            row["error_check"] = f"{type(exc).__name__}: {exc}"[:300]
+    row["ratio_fla"] = row["triton"] / row["fla"] if row.get("fla") and row.get("triton") else None
+    row["ratio_sdpa"] = row["triton"] / row["sdpa"] if row.get("sdpa") and row.get("triton") else None
+    del args
+    return row
+
+
+def label(row) -> str:
+    return f"{row['op']} T={row['T']}" + (f" ({row['gates']} gates)" if row.get("gates") else "")
 
 
 def markdown(res) -> str:
@@ -269,10 +316,14 @@ def markdown(res) -> str:
         rows = res["anchors"]["rows"]
         cols = ["op", "T", "B", "triton", "triton:fused", "triton:states", "chunk", "naive", "fla", "ratio_fla",
                 "sdpa", "floor", "ratio_floor"]
-        parts.append(f"Forward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} tokens:\n\n" +
-                     bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
-        errs = [f"{r['op']} T={r['T']} {k[8:]}: {v:.2e}" for r in rows for k, v in r.items() if k.startswith("rel_err")]
-        fails = [f"{r['op']} T={r['T']} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
+        parts.append(f"Forward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} tokens, "
+                     "mild gates:\n\n" + bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
+        for gs, grows in res["anchors"].get("by_gates", {}).items():
+            parts.append(f"Forward with {gs} gates, ms:\n\n" + bench.markdown_table(
+                cols[:5] + ["fla", "ratio_fla"], [[r.get(c) for c in cols[:5] + ["fla", "ratio_fla"]] for r in grows]))
+            rows = rows + grows
+        errs = [f"{label(r)} {k[8:]}: {v:.2e}" for r in rows for k, v in r.items() if k.startswith("rel_err")]
+        fails = [f"{label(r)} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
         if fails:
             parts.append("Failures:\n" + "\n".join(f"- {f}" for f in fails))
         parts.append("\n".join(f"- {n}" for n in res["anchors"]["notes"]) +
@@ -286,18 +337,24 @@ def markdown(res) -> str:
         rows = res["train"]["rows"]
         cols = ["op", "T", "B", "triton", "triton:keep", "fla", "ratio_fla", "sdpa", "ratio_sdpa"]
         parts.append(f"Forward + backward, ms (median), H={size['H']}, K=V={size['K']}, bf16, {size['tokens']} "
-                     "tokens:\n\n" + bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
+                     "tokens, mild gates:\n\n" + bench.markdown_table(cols, [[r.get(c) for c in cols] for r in rows]))
+        for gs, grows in res["train"].get("by_gates", {}).items():
+            parts.append(f"Forward + backward with {gs} gates, ms:\n\n" + bench.markdown_table(
+                cols[:7], [[r.get(c) for c in cols[:7]] for r in grows]))
+            rows = rows + grows
         mem = ["op", "T", "mem_triton", "mem_triton:keep", "mem_fla", "mem_sdpa"]
-        mib = [[r["op"], r["T"]] + [r[c] / 2**20 if r.get(c) is not None else None for c in mem[2:]] for r in rows]
+        mem = ["op", "T", "gates"] + mem[2:]
+        mib = [[r["op"], r["T"], r.get("gates")] + [r[c] / 2**20 if r.get(c) is not None else None for c in mem[3:]]
+               for r in rows]
         parts.append("Peak memory of forward + backward, MiB:\n\n" + bench.markdown_table(mem, mib))
-        fails = [f"{r['op']} T={r['T']} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
+        fails = [f"{label(r)} {k[6:]}: {v}" for r in rows for k, v in r.items() if k.startswith("error_")]
         if fails:
             parts.append("Failures and refusals:\n" + "\n".join(f"- {f}" for f in fails))
         for op, st in res["train"]["stages"].items():
             if "ms" in st:
                 parts.append(f"Backward stages of {op} at T={st['T']}, ms:\n\n" + bench.markdown_table(
                     ["stage", "ms"], [[n, ms] for n, ms in st["ms"].items()]))
-        errs = [f"{r['op']}: {r['rel_err_grad']:.2e}" for r in rows if r.get("rel_err_grad") is not None]
+        errs = [f"{label(r)}: {r['rel_err_grad']:.2e}" for r in rows if r.get("rel_err_grad") is not None]
         parts.append("\n".join(f"- {n}" for n in res["train"]["notes"]) + "\n- gradient check: " + "; ".join(errs))
     if res.get("resources"):
         cols = ["op", "mode", "kernel", "n_regs", "n_spills", "shared_bytes", "num_warps"]
@@ -334,6 +391,9 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=128, help="K = V")
     p.add_argument("--all-levels", action="store_true", help="time the chunk level at every T too")
     p.add_argument("--ops", nargs="*", choices=list(bench.OPS), help="only these ops (default: all)")
+    p.add_argument("--gates", nargs="*", choices=list(bench.GATE_SWEEP), default=list(bench.GATE_SWEEP),
+                   help="gate distributions of the gated ops (anchors, train; default: all of "
+                        "bench.GATE_SWEEP; 'normal', the mild one, fills the rows the chapters read)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
@@ -350,7 +410,7 @@ def main(argv=None):
     if a.suite in ("anchors", "all"):
         def partial(anchors):
             bench.save_json(out / "bench.json", {**res, "anchors": anchors})
-        res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial, only=a.ops)
+        res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial, only=a.ops, gates=a.gates)
         bench.save_json(out / "bench.json", res)
         plot(res, out / "bench.png")
     if a.suite in ("chunks", "all"):
@@ -359,7 +419,7 @@ def main(argv=None):
     if a.suite in ("resources", "all"):
         res["resources"] = suite_resources(log, size)
     if a.suite == "train":
-        res["train"] = suite_train(a.T, log, size, only=a.ops,
+        res["train"] = suite_train(a.T, log, size, only=a.ops, gates=a.gates,
                                    save=lambda train: bench.save_json(out / "bench.json", {**res, "train": train}))
     bench.save_json(out / "bench.json", res)
     (out / "bench.md").write_text(markdown(res))
