@@ -296,6 +296,36 @@ def test_gla_backward_mistakes():
                                                                       backward_restarting_dg).message
 
 
+# Chapter 12's classic mistakes in a whole backward: the planted reader is chapter 12's chunkwise
+# backward written out in tests/test_grade_ch12.py (one bug switched on), run at this grader's chunk
+# size; ch13's verdict must name each one as ch12's does.
+def chunkwise_reader(bug):
+    from test_grade_ch12 import chunkwise
+
+    def gla_backward(q, k, v, g, do, *, sub_chunk_size=16, **kw):
+        return chunkwise(q, k, v, g, do, bug=bug, **kw)
+    return gla_backward
+
+
+CLASSIC = {"flips the sign of the gate gradient": "take the seed's sign",
+           "sums from the start (prefix) instead of from the end": "sum ∂L/∂b from the chunk's start",
+           "reads the state after the step for dq": "read the state after the chunk, S_[n], for dq",
+           "absorbs the decay as e^b and e^-b": "absorb the decay as e^{b} and e^{−b}"}
+
+
+def test_gla_backward_bug_free_chunkwise_reader_passes():
+    # without this the planted mistakes below could fail for a reason other than their bug
+    for seed in SEEDS:
+        assert verdict("ch13.gla_backward", chunkwise_reader(None), seed).passed
+
+
+@pytest.mark.parametrize("bug", list(CLASSIC))
+def test_gla_backward_names_the_classic_mistakes(bug):
+    for seed in SEEDS:
+        r = verdict("ch13.gla_backward", chunkwise_reader(bug), seed)
+        assert not r.passed and DIAG + CLASSIC[bug] in r.message, r.message
+
+
 def test_passed_backward_trains_through_impl_mine(home):
     kw = linattn.testing.make_inputs("gla", B=1, T=21, H=2, K=16, V=16, seed=3, initial_state=True,
                                      device=linattn.device.default_device())

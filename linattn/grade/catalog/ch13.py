@@ -23,7 +23,8 @@ from ...chunk import gla_backward as chunk_gla_backward
 from ...triton import gated, gated_backward as gb
 from ...triton.common import block, compute_dtype
 from ..exercise import Case, Exercise
-from .ch12 import _setting, autograd_backward
+from .ch12 import (OFF_BY_ONE_CHUNK, OVERFLOW, PREFIX_CHUNK, SIGN, _setting,  # the classic mistakes
+                   autograd_backward)
 
 F32, F64 = torch.float32, torch.float64
 CHUNK, SUB = 32, 16
@@ -469,6 +470,8 @@ BACKWARD_MISTAKES = (
      _without_final_gradient),
     ("restart the gate gradient's suffix sum at every chunk without the writes' exclusive prefix "
      "and the carried decay (chapter 12's chunk-local form has all three)", _restarted_gate_gradient),
+    # chapter 12's classic mistakes, modelled there from the float64 truth (chunk_size from the case)
+    SIGN, PREFIX_CHUNK, OFF_BY_ONE_CHUNK, OVERFLOW,
 )
 
 GRADS = ("dq", "dk", "dv", "dg", "dinitial_state")
