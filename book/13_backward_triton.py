@@ -452,6 +452,8 @@ print(f"{'mean −g per step':>17} | {'f32: whole':>10} {'chunk-local':>11} | {'
 for (w32, l32, m), (w16, l16, _) in zip(errs[torch.float32], errs[torch.bfloat16]):
     print(f"{m:17.3g} | {w32:10.1e} {l32:11.1e} | {w16:11.1e} {l16:11.1e}")
 (w32, l32, strength), (w16, l16, _) = (list(zip(*errs[dt])) for dt in (torch.float32, torch.bfloat16))
+print(f"float32, mean log-gate −{strength[-1]:.3g} per step: the whole-sequence sum's error is "
+      f"{w32[-1] / l32[-1]:.0f}× the chunk-local form's")
 assert max(l32) < 1e-4 and w32[-1] > 5 * l32[-1]                   # float32: apart under strong gates
 assert w16[-1] > 10 * w16[0] and w16[-1] > 5 * l16[-1]              # bf16: grows, worse under strong gates
 if linattn.device.triton_mode() == "interpreter":                   # bf16 kernels compute in float32 here
@@ -478,8 +480,8 @@ plt.show()
 # leave out the terms that cancel. Under the interpreter a bf16 kernel computes in float32, so
 # their error is float32's; natively its products are bf16 tensor-core products, which put it at
 # bf16's level, still below the whole-sequence sum's under strong gates (the cell checks both). With
-# float32 inputs the two agree under mild gates and part under strong ones (about 15× at a mean
-# log-gate of −11 per step): the whole-sequence sum cancels across the sequence, while the chunk-local
+# float32 inputs the two agree under mild gates and part under strong ones (by the factor the cell
+# prints at the strongest gates): the whole-sequence sum cancels across the sequence, while the chunk-local
 # sums, and the final state whose decay the last token's term carries, stay at float32's level
 # (the state pass sums each chunk's gates from its own end for float32 inputs, see
 # `gated._state_step`); the whole-sequence sum's cancellation grows with $T$ as well (chapter 12's
@@ -718,6 +720,10 @@ else:
     ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_xlabel("sequence length T")
+    for line in ax.get_lines():               # ours and FLA's nearly coincide: tell them apart
+        if line.get_label() == "FLA chunk_gla":
+            line.set(ls="--", marker="s", mfc="none", ms=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     plt.show()
     ours_, sdpa_ = ys["GLA (ours, Triton)"], ys["SDPA causal (FlashAttention)"]
@@ -876,11 +882,11 @@ for point in [dict(dtype="float32", gate=2, K=32, V=16, C=16, B=1, H=2, T=40, wi
 
 # %% [markdown]
 # The fixes are launch rules, each as narrow as the measured fault, since one pipeline stage is not
-# free (it costs a long sequence 1.7× in the state pass, and in float32 at chunk 64 one stage does not
-# even fit): one stage for a 256-wide key tile with chunks of 32 or fewer, one stage for the float32
-# reverse pass with a padded key tile at chunks of 16, and no delta-rule kernel specialised on the
-# sequence length, the chunk count or the heads (so there is no one-chunk variant, and one compiled
-# loop to trust per tile shape):
+# free (on an H200 it cost a long sequence 1.7× in the state pass, as `docs/native_correctness.md`
+# records, and in float32 at chunk 64 one stage does not even fit): one stage for a 256-wide key
+# tile with chunks of 32 or fewer, one stage for the float32 reverse pass with a padded key tile at
+# chunks of 16, and no delta-rule kernel specialised on the sequence length, the chunk count or the
+# heads (so there is no one-chunk variant, and one compiled loop to trust per tile shape):
 
 # %%
 show(delta.state_stages)
