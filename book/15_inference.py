@@ -534,11 +534,14 @@ if DEVICE == "cpu":
 # operation, so at small sizes it sits far above its floor; the fused step moves $S$ once each way
 # in one launch. At the GPU size a step moves megabytes, and the right panel shows what share of
 # the bandwidth each reaches. Megabytes are still little for a GPU: in the recorded run the fused
-# step stays a small fraction of its floor (the line it prints), because 16 MiB are read in a few
-# microseconds and a launch and its memory latency cost more. Its time is flat in $L$ all the
-# same, so the KV cache overtakes it after a few thousand tokens. On a CPU the small problem stays in the processor's caches from one
-# run to the next, so a step there can even beat the floor measured with a copy too large for
-# them: the floors are drawn for main memory.
+# step stays a small fraction of its floor (the line it prints), because its 16 MiB ($S$ read and
+# written back) move in a few microseconds and a launch and its memory latency cost more. Its time
+# is flat in $L$ all the same, so the KV cache overtakes it after a few thousand tokens. In that run
+# the cache's step at the longest context even comes out a little faster than its floor: the floor's
+# bandwidth is a copy's, which reads and writes, and a step that only reads can go slightly faster.
+# On a CPU the small problem stays in the processor's caches from one run to the next, so a step
+# there can beat the floor by more, the floor being measured with a copy too large for them: the
+# floors are drawn for main memory.
 #
 # ## 9. What breaks if…
 #
