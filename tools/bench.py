@@ -100,8 +100,7 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=b
                     order(rows)
                 if save:
                     save(dict(res, notes=[]))
-                log(f"T={T} {op}" + (f" ({gs} gates)" if gs else "") + ": " +
-                    ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)))
+                log(label(row) + ": " + ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)))
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     skipped = "naive" if all_levels else "chunk and naive"
     notes = [f"{skipped}: timed at T = {Ts[0]} only: Python loops over chunks or tokens cost seconds of "
@@ -255,7 +254,7 @@ def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
                 place(res, row)
                 if save:                     # row by row, so a run cut by its time limit still reports
                     save(dict(res, stages={}, notes=[]))
-                log(f"train T={T} {op}" + (f" ({gs} gates)" if gs else "") + ": " +
+                log("train " + label(row) + ": " +
                     ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
                     "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
     stages = {}

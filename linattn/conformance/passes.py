@@ -20,6 +20,7 @@ import torch
 
 from .. import outputs, testing
 from ..triton import common, delta
+from ..triton import wy as wy_
 from ..triton import delta_backward as backward
 from ..validate import check_inputs
 
@@ -35,17 +36,11 @@ def _rows(x, n, C, T):
     return x[:, n * C:min((n + 1) * C, T)]
 
 
-def _first(g, n, p):
-    """e^{G_0} of chunk n for per-head gates, [B, H, 1, 1] float64 (Gated DeltaNet's W and Qs are
-    taken from the chunk's first token: linattn/triton/wy.py); 1 for the other gate kinds."""
-    if p.gate != 1:
-        return 1.0
-    return torch.exp(torch.clamp(g[:, n * p.C].double(), min=common.GATE_FLOOR.value))[..., None, None]
-
-
 def state_ref(wy: dict, h0, p, g=None) -> dict:
-    """The state pass in float64: hs [B,H,NT,K,V], vnew [B,T,H,V], ht [B,H,K,V]."""
-    w, u, kd = (wy[n].double() for n in ("w", "u", "kd"))
+    """The state pass in float64: hs [B,H,NT,K,V], vnew [B,T,H,V], ht [B,H,K,V]. g: Gated DeltaNet's
+    per-head gates, whose stored w is W from each chunk's first token (`wy.absolute_w`)."""
+    w = wy_.absolute_w(wy["w"].double(), g, p.C)
+    u, kd = (wy[n].double() for n in ("u", "kd"))
     B, T, H, K = w.shape
     V = u.shape[-1]
     S = torch.zeros(B, H, K, V, dtype=torch.float64, device=w.device) if h0 is None else h0.double().clone()
@@ -54,7 +49,7 @@ def state_ref(wy: dict, h0, p, g=None) -> dict:
     for n in range(p.NT):
         hs[:, :, n] = S
         Wn, Un, Kn = (_rows(x, n, p.C, T) for x in (w, u, kd))                  # [B, c, H, ·]
-        Vt = Un - torch.einsum("bchk,bhkv->bchv", Wn, S * _first(g, n, p))
+        Vt = Un - torch.einsum("bchk,bhkv->bchv", Wn, S)
         vnew[:, n * p.C:n * p.C + Vt.shape[1]] = Vt
         if p.gate:
             S = S * wy["dl"].double()[:, :, n, :, None]
@@ -65,7 +60,8 @@ def state_ref(wy: dict, h0, p, g=None) -> dict:
 def dstate_ref(q, g, wy: dict, do, dht, p) -> dict:
     """The reverse pass in float64: dhs [B,H,NT,K,V], dvnew [B,T,H,V], dh0 [B,H,K,V]."""
     qs = (wy["qg"] if p.gate == 2 else q).double()
-    kd, w, aqk, dO = wy["kd"].double(), wy["w"].double(), wy["aqk"].double(), do.double()
+    kd, aqk, dO = wy["kd"].double(), wy["aqk"].double(), do.double()
+    w = wy_.absolute_w(wy["w"].double(), g, p.C)
     B, T, H, K = kd.shape
     V = dO.shape[-1]
     dS = torch.zeros(B, H, K, V, dtype=torch.float64, device=kd.device) if dht is None else dht.double().clone()
@@ -78,15 +74,14 @@ def dstate_ref(q, g, wy: dict, do, dht, p) -> dict:
         A = A[..., :c]                                   # columns past T meet zero rows of dO
         if p.gate == 0:
             Qn = Qn * p.scale
-        if p.gate == 1:                                  # e^{G − G_0} of a per-head gate, from its chunk prefix sum
+        if p.gate == 1:                                  # e^G of a per-head gate, from its chunk prefix sum
             G = torch.cumsum(torch.clamp(_rows(g, n, p.C, T).double(), min=common.GATE_FLOOR.value), dim=1)
-            Qn = Qn * (torch.exp(G - G[:, :1]) * p.scale)[..., None]
+            Qn = Qn * (torch.exp(G) * p.scale)[..., None]
         dVt = torch.einsum("bihj,bihv->bjhv", A, dOn) + torch.einsum("bjhk,bhkv->bjhv", Kn, dS)
         dvnew[:, n * p.C:n * p.C + c] = dVt
         if p.gate:
             dS = dS * wy["dl"].double()[:, :, n, :, None]
-        dS = dS + _first(g, n, p) * (torch.einsum("bihk,bihv->bhkv", Qn, dOn)
-                                     - torch.einsum("bihk,bihv->bhkv", Wn, dVt))
+        dS = dS + torch.einsum("bihk,bihv->bhkv", Qn, dOn) - torch.einsum("bihk,bihv->bhkv", Wn, dVt)
     return dict(dhs=dhs, dvnew=dvnew, dh0=dS)
 
 

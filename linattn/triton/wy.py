@@ -147,12 +147,13 @@ def wy_stage(q, k, v, g, beta, p) -> dict:
 
 
 def absolute_w(w, g, C: int):
-    """W from the stored W̃ of Gated DeltaNet (per-head g [B,T,H]): e^{G_0} W̃ per chunk, float32;
-    w itself for the other variants (see the module doc)."""
+    """W from the stored W̃ of Gated DeltaNet (per-head g [B,T,H]): e^{G_0} W̃ per chunk, in float32
+    or float64 (w's own if wider); w itself for the other variants (see the module doc)."""
     if g is None or g.dim() != 3:
         return w
-    first = g[:, ::C].float().clamp(min=GATE_FLOOR.value)                     # [B, NT, H] G_0
-    return w.float() * first.exp().repeat_interleave(C, dim=1)[:, :w.shape[1], :, None]
+    w = w.to(torch.promote_types(w.dtype, torch.float32))
+    first = g[:, ::C].to(w.dtype).clamp(min=GATE_FLOOR.value)                 # [B, NT, H] G_0
+    return w * first.exp().repeat_interleave(C, dim=1)[:, :w.shape[1], :, None]
 
 
 # ---------------------------------------------------------------- device helpers

@@ -252,16 +252,8 @@ def diag_dk_truth(q, g, dA, *, chunk_size=CHUNK, sub_chunk_size=SUB):
     same sub-chunk; b the chunk-local cumulative sum of g."""
     T = q.shape[1]
     lower, same = _blocks(T, chunk_size, sub_chunk_size)
-    b = _local_cumsum(g, chunk_size)
+    b = decay.chunk_local_prefix(g, chunk_size)
     return _decay_sum(q, q, b, dA, lower & same, transpose=True)
-
-
-def _local_cumsum(g, C):
-    B, T, H, K = g.shape
-    NT = _nt(T, C)
-    full = torch.zeros(B, NT * C, H, K, dtype=g.dtype)
-    full[:, :T] = g
-    return full.view(B, NT, C, H, K).cumsum(2).view(B, NT * C, H, K)[:, :T]
 
 
 def _diag_dk_variant(strict=False, own_gate=False, no_decay=False):
@@ -272,7 +264,7 @@ def _diag_dk_variant(strict=False, own_gate=False, no_decay=False):
         if strict:
             _, pos = _chunk_of(T, chunk_size)
             lower = lower & (torch.arange(chunk_size)[None, :] != pos[:, None])
-        b = torch.zeros_like(g) if no_decay else _local_cumsum(g, chunk_size)
+        b = torch.zeros_like(g) if no_decay else decay.chunk_local_prefix(g, chunk_size)
         # own_gate: e^{b_t − b_s + g_s} = e^{b_t − b_{s−1}}, the column's own gate walked in too
         return _decay_sum(q, q, b, dA, lower & same, transpose=True, b_col=b - g if own_gate else None)
     return mistake
