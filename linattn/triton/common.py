@@ -180,7 +180,9 @@ def launch(kernel, grid, *args, max_stages: int = 3, **kw):
     Where even one stage does not fit, an InputError names the GPU instead of Triton's
     OutOfResources (narrower blocks are not tried: tiles narrower than the tuned ones faulted
     natively, see MIN_TILE)."""
-    key = (kernel, max_stages, tuple(sorted(kw.items())), tuple(getattr(a, "dtype", None) for a in args))
+    # tensors passed by keyword (a packed launch's tables) count by their dtype, as positional ones
+    key = (kernel, max_stages, tuple(sorted((n, getattr(x, "dtype", x)) for n, x in kw.items())),
+           tuple(getattr(a, "dtype", None) for a in args))
     every = tuple(range(max_stages, 0, -1))
     remembered = _STAGES_THAT_FIT.get(key)
     tried = every if remembered is None else remembered + tuple(s for s in every if s < remembered[0])
