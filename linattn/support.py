@@ -67,8 +67,9 @@ def triton_chunk_sizes(op: str, dtype=None) -> tuple[int, ...]:
 
 
 def refuse_packed(op: str, cu_seqlens) -> None:
-    """The Triton level does not take packed sequences yet: refuse cu_seqlens before anything else
-    (its initial state [N, H, K, V] would otherwise be refused as a wrong shape, a misleading reason)."""
+    """For the Triton ops that do not take packed sequences yet (delta_rule, kda; linear_attn and gla
+    do): refuse cu_seqlens before anything else (its initial state [N, H, K, V] would otherwise be
+    refused as a wrong shape, a misleading reason)."""
     if cu_seqlens is not None:
         raise InputError(f"cu_seqlens: linattn.triton.{op} does not take packed sequences yet; "
                          f"linattn.chunk.{op} and linattn.naive.{op} do (or impl='chunk' through linattn.{op})")

@@ -46,8 +46,23 @@ says which mode the last call used.
 
 Chunks of 16 to 256 tokens (powers of two). Beyond 64 the output step works in row blocks of 64
 (`ROW_BLOCK`) and the state pass may run with fewer pipeline stages (`common.launch`).
+
+Packed sequences (`cu_seqlens`, linattn.packing: B = 1, N sequences back to back in the row) run in
+the same launches, one per kernel, each sequence chunked from its own start (`Packed`, built on the
+host from the boundaries): chunk_indices [NT, 2] lists (sequence n, chunk i within n) for the NT
+chunks of the row, chunk_offsets [N + 1] the row's first chunk of each sequence. A chunk-parallel
+kernel (cumulated gates, intra matrix, output) reads its (n, i) from chunk_indices at its program
+id; a walk over the chunks (state pass, fused kernel) runs one program per (sequence, head, block)
+over that sequence's own chunks. Either way a program then moves its base pointers to the
+sequence's first token bos = cu_seqlens[n], masks by the sequence's length T_n instead of T, and
+runs the unpacked code; h holds the row's chunks, [1, H, NT, K, V], a sequence's from
+chunk_offsets[n] on; initial and final states are [N, H, K, V]. The constexpr VARLEN selects that
+prologue, so the unpacked kernels compile exactly as without it. An empty sequence has no chunk:
+its final state is its initial state.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -55,7 +70,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import outputs
-from ..support import check_triton, refuse_packed
+from .. import packing
+from ..support import check_triton
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor,
                      kernel, launch, num_sms, operand, split_dtype, warps)
@@ -80,14 +96,78 @@ ROW_BLOCK = 64
 NO_GATE, HEAD_GATE, DIM_GATE = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Packed sequences as the kernels index them (module docstring), for one chunk size C."""
+    cu_seqlens: torch.Tensor       # [N + 1] int64, the caller's boundaries (read, never written)
+    chunk_indices: torch.Tensor    # [NT, 2] int32: (sequence n, chunk i within n) of every chunk of the row
+    chunk_offsets: torch.Tensor    # [N + 1] int64: the row's first chunk of each sequence; [N] = NT
+    N: int                         # sequences
+    NT: int                        # chunks of the row, Σ_n ⌈T_n / C⌉
+    C: int
+
+
+def packed(cu_seqlens, bounds, chunk_size: int) -> Packed:
+    """The chunk tables of a packed row whose boundaries `bounds` (cu_seqlens validated and read to
+    the host by `linattn.packing.check_cu_seqlens`) are those of `cu_seqlens`. An empty sequence
+    has no chunk, and its entry in chunk_offsets equals the next one's."""
+    counts = [triton.cdiv(e - s, chunk_size) for s, e in zip(bounds, bounds[1:])]
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + n)
+    pairs = [(n, i) for n, count in enumerate(counts) for i in range(count)]
+    dev = cu_seqlens.device
+    indices = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(dev)
+    return Packed(cu_seqlens, indices, torch.tensor(offsets, dtype=torch.int64, device=dev),
+                  len(counts), offsets[-1], chunk_size)
+
+
+def check_packed(cu_seqlens, d, q, initial_state, chunk_size):
+    """None without cu_seqlens; else `Packed` for the row, once cu_seqlens and the initial states
+    [N, H, K, V] passed `linattn.packing.check_cu_seqlens` (before any launch)."""
+    if cu_seqlens is None:
+        return None
+    bounds = packing.check_cu_seqlens(cu_seqlens, d, q.device, initial_state)
+    return packed(cu_seqlens, bounds, chunk_size)
+
+
+@triton.jit
+def _packed_seq(cu_seqlens, n):
+    """Sequence n of a packed row: its first token bos (int64) and its length T_n."""
+    bos = tl.load(cu_seqlens + n)
+    return bos, (tl.load(cu_seqlens + n + 1) - bos).to(tl.int32)
+
+
+@triton.jit
+def _packed_chunk(cu_seqlens, chunk_indices, i_c):
+    """Chunk i_c of a packed row: (chunk i within its sequence, the sequence's bos, its length T_n)."""
+    n = tl.load(chunk_indices + 2 * i_c)
+    bos, T = _packed_seq(cu_seqlens, n)
+    return tl.load(chunk_indices + 2 * i_c + 1), bos, T
+
+
+@triton.jit
+def _gate_row(gate, bos, H, K, GATE: tl.constexpr):
+    """gate moved to token bos of its [1, T, H(, K)] row (per-dimension gates: H·K values a token)."""
+    if GATE == 2:
+        x = gate + bos * H * K
+    else:
+        x = gate + bos * H
+    return x
+
+
 @kernel
-def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr):
+def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr, cu_seqlens=None, chunk_indices=None,
+                         VARLEN: tl.constexpr = False):
     # g viewed as [B, T, W] (W = H·K or H): b = cumulative sum along T, restarting every C tokens.
     # Summed in float64, rounded once: every kernel takes differences b_t − b_s of these sums, whose
     # error grows with |b| (a chunk of strong gates or a reset puts it in the hundreds); a float32
     # scan adds a rounding per token on top of the final one (2–2.5× the error, measured under the
     # interpreter for float32 inputs at C = 256 with resets).
     i_w, i_n, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    if VARLEN:              # packed (B = 1): program i_n is the row's chunk i_n, chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        g, b = g + bos * W, b + bos * W
     idx = tl.arange(0, C)
     rows = i_n * C + idx
     cols = i_w * BW + tl.arange(0, BW)
@@ -206,11 +286,15 @@ def _split_flag(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr):
 
 @kernel
 def _intra_kernel(q, k, g, b, A, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                  COMPUTE: tl.constexpr, IEEE: tl.constexpr, SKIP_SPLIT: tl.constexpr):
+                  COMPUTE: tl.constexpr, IEEE: tl.constexpr, SKIP_SPLIT: tl.constexpr, cu_seqlens=None,
+                  chunk_indices=None, VARLEN: tl.constexpr = False):
     # One program per (sub-chunk i, chunk n, batch·head): rows of sub-chunk i of the intra-chunk
     # matrix A[t, s] = Σ_k q_tk k_sk e^{b_tk − b_sk} for s ≤ t in the chunk (tiles j ≤ i).
     i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    if VARLEN:              # packed (B = 1): the row's chunk i_n is chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        q, k, g, b, A = q + bos * H * K, k + bos * H * K, g + bos * H * K, b + bos * H * K, A + bos * H * C
     t0 = i_n * C
     s0 = t0 + i_i * c
     base = i_b * T * H * K + i_h * K                         # q, k, g and b share the [B,T,H,K] layout
@@ -360,10 +444,21 @@ def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
 @kernel
 def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
-                   HAS_S0: tl.constexpr, STORE_ST: tl.constexpr):
+                   HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
+                   VARLEN: tl.constexpr = False):
     # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hs, NT_h = i_bh, NT                                     # h's row i_hs of NT_h chunks
+    if VARLEN:
+        # packed (B = 1, NT the row's chunks): i_bh = (sequence i_b, head i_h), s0 and sT [N, H, K, V];
+        # h [1, H, NT, K, V] holds this sequence's chunks from chunk_offsets[i_b] on
+        bos, T = _packed_seq(cu_seqlens, i_b)
+        k, v = k + bos * H * K, v + bos * H * V
+        gate, graw = _gate_row(gate, bos, H, K, GATE), _gate_row(graw, bos, H, K, GATE)
+        h += tl.load(chunk_offsets + i_b) * K * V
+        i_hs, NT = i_h, tl.cdiv(T, C)
+        i_b = 0
     _, k_base, v_base, _, gate_base, s_gate = _bases(k, k, v, gate, v, i_b, i_h, T, H, K, V, GATE)
     _, _, _, _, graw_base, _ = _bases(k, k, v, graw, v, i_b, i_h, T, H, K, V, GATE)
     offs_k = i_k * BK + tl.arange(0, BK)
@@ -375,7 +470,7 @@ def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr,
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
     for n in range(NT):
-        tl.store(h + (i_bh * NT + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
+        tl.store(h + (i_hs * NT_h + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
         S = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
                         K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
@@ -385,16 +480,22 @@ def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr,
 @kernel
 def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
-                   IEEE: tl.constexpr, SPLIT: tl.constexpr = False, SDT: tl.constexpr = tl.bfloat16):
+                   IEEE: tl.constexpr, SPLIT: tl.constexpr = False, SDT: tl.constexpr = tl.bfloat16,
+                   cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     # One program per (V-block, row block of a chunk, batch·head): every chunk's output in parallel.
     i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
+    i_hn = i_n                                                # h's chunk (packed: the row's, h [1, H, NT, K, V])
+    if VARLEN:              # packed (B = 1): the row's chunk i_n is chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        q, k, v, o, a = q + bos * H * K, k + bos * H * K, v + bos * H * V, o + bos * H * V, a + bos * H * C
+        gate = _gate_row(gate, bos, H, K, GATE)
     q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     smask = (offs_k < K)[:, None] & (offs_v < V)[None, :]
-    S = tl.load(h + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
+    S = tl.load(h + (i_bh * NT + i_hn) * K * V + offs_k[:, None] * V + offs_v[None, :],
                 mask=smask, other=0.0).to(tl.float32)                                       # [BK, BV]
     a_base = a + i_b * T * H * C + i_h * C
     _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, i_n * C, r0, T, K, V, scale,
@@ -405,10 +506,17 @@ def _output_kernel(q, k, v, gate, a, h, o, T, H, K, V, NT, scale, C: tl.constexp
 def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
                   IEEE: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, SPLIT: tl.constexpr,
-                  SDT: tl.constexpr):
+                  SDT: tl.constexpr, cu_seqlens=None, VARLEN: tl.constexpr = False):
     # One program per (V-block, batch·head): the state [K, BV] stays on chip across all chunks.
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    if VARLEN:
+        # packed (B = 1): i_bh = (sequence i_b, head i_h), s0 and sT [N, H, K, V]; its own chunks only
+        bos, T = _packed_seq(cu_seqlens, i_b)
+        q, k, v, o, a = q + bos * H * K, k + bos * H * K, v + bos * H * V, o + bos * H * V, a + bos * H * C
+        gate, graw = _gate_row(gate, bos, H, K, GATE), _gate_row(graw, bos, H, K, GATE)
+        NT = tl.cdiv(T, C)
+        i_b = 0
     q_base, k_base, v_base, o_base, gate_base, s_gate = _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE)
     _, _, _, _, graw_base, _ = _bases(q, k, v, graw, o, i_b, i_h, T, H, K, V, GATE)
     offs_k = tl.arange(0, BK)
@@ -430,20 +538,33 @@ def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: t
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
 
-def local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """float32 cumulative log-gates restarting at every chunk: b in the module docstring."""
+def packed_args(seqs, *names) -> dict:
+    """The keyword arguments that make a launch index packed sequences (`Packed`'s tables by name,
+    and VARLEN); none without packing."""
+    return {} if seqs is None else dict({n: getattr(seqs, n) for n in names}, VARLEN=True)
+
+
+def row_chunks(T: int, C: int, seqs=None) -> int:
+    """Chunks of the row: ⌈T / C⌉, or those of the packed sequences (each from its own start)."""
+    return triton.cdiv(T, C) if seqs is None else seqs.NT
+
+
+def local_cumsum(g: torch.Tensor, chunk_size: int, seqs=None) -> torch.Tensor:
+    """float32 cumulative log-gates restarting at every chunk: b in the module docstring.
+    seqs (`Packed`): every packed sequence's chunks start at its own first token."""
     g = g.contiguous()          # the kernel reads [B, T, W] with plain strides (a copy only if needed)
     B, T = g.shape[:2]
     W = g[0, 0].numel()
     b = outputs.empty(g.shape, dtype=torch.float32, device=g.device)  # fully written below
     BW = min(block(W), max(16, 4096 // chunk_size))   # [C, BW] float64: as many registers as 8192 float32
-    _local_cumsum_kernel[(triton.cdiv(W, BW), triton.cdiv(T, chunk_size), B)](g, b, T, W, chunk_size, BW)
+    _local_cumsum_kernel[(triton.cdiv(W, BW), row_chunks(T, chunk_size, seqs), B)](
+        g, b, T, W, chunk_size, BW, **packed_args(seqs, "cu_seqlens", "chunk_indices"))
     return b
 
 
-def gate_sums(g, chunk_size: int):
+def gate_sums(g, chunk_size: int, seqs=None):
     """b as the kernels read it: None without gates."""
-    return None if g is None else local_cumsum(g, chunk_size)
+    return None if g is None else local_cumsum(g, chunk_size, seqs)
 
 
 def blocks(K: int, V: int):
@@ -525,10 +646,12 @@ def choose_mode(mode: str, gate: int, B: int, H: int, K: int, V: int, ieee: bool
     return "fused" if programs > num_sms() // 2 else "states"
 
 
-def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, keep=None):
+def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, keep=None,
+            seqs=None):
     """Run the chunk kernels; g is None (linear attention), [B,T,H] or [B,T,H,K]. Inputs validated.
     keep: a dict that receives the per-dimension gates' cumulated gates "b" and intra matrix "A"
-    (the backward reads them instead of computing them again).
+    (the backward reads them instead of computing them again). seqs: `Packed` for packed
+    sequences (B = 1; initial and final states [N, H, K, V]), else None.
 
     Per-dimension gates run three kernels before the output: cumulated gates b, the intra-chunk
     matrix A for the chunks past the split's bound (a launch that returns at once for the rest),
@@ -550,29 +673,30 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
     q, k, v, g = contiguous(q, k, v, g)
     s0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
     B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
-    NT = triton.cdiv(T, C)
+    NT = row_chunks(T, C, seqs)
+    N = B if seqs is None else seqs.N                                # rows, or packed sequences
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
-    mode = choose_mode(mode, gate, B, H, K, V, IEEE)
-    b = gate_sums(g, C)
+    mode = choose_mode(mode, gate, N, H, K, V, IEEE)
+    b = gate_sums(g, C, seqs)
     gates = q if b is None else b                                    # q: an unused pointer
     # per-dimension gates, no backward to feed: chunks in the split's range build their intra matrix
     # inside the output (or fused) kernel, with operands in split_dtype; _intra_kernel writes A
     # only for the others
     split = gate == DIM_GATE and keep is None
-    a = intra_attention(q, k, g, d, C, c, b=b, skip_split=split) if gate == DIM_GATE else q
+    a = intra_attention(q, k, g, d, C, c, b=b, skip_split=split, seqs=seqs) if gate == DIM_GATE else q
     if keep is not None and gate == DIM_GATE:
         keep.update(b=b, A=a)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
-    sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
+    sT = outputs.empty((N, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, SPLIT=split, SDT=split_dtype())
     if mode == "fused":
         BK, BV, nw = fused_config(K, V, gate, IEEE)
         try:
-            last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), B * H)](
+            last_launch["fused"] = _fused_kernel[(triton.cdiv(V, BV), N * H)](
                 q, k, v, gates, q if g is None else g, a, o, s0 if s0 is not None else q, sT if sT is not None else q, T, H, K, V,
                 NT, d.scale, BR=min(C, ROW_BLOCK), BK=BK, BV=BV, HAS_S0=s0 is not None, STORE_ST=sT is not None,
-                num_warps=nw, num_stages=FUSED_STAGES, **common)
+                num_warps=nw, num_stages=FUSED_STAGES, **common, **packed_args(seqs, "cu_seqlens"))
             ran["mode"] = "fused"
             return o, sT
         except OutOfResources as e:
@@ -582,16 +706,17 @@ def forward(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub
             ran["mode"] = f"states (fused did not fit: {str(e).split('.')[0]})"
     else:
         ran["mode"] = mode
-    h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C)
+    h, _ = chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, seqs=seqs)
     BK, BV = output_blocks(K, V, gate, IEEE, split=split)
     BR = min(C, ROW_BLOCK)
     last_launch["output"] = launch(              # launch: fewer stages where the GPU has less shared memory
         _output_kernel, (triton.cdiv(V, BV), NT * (C // BR), B * H),
-        q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BV, num_warps=4, **common)
+        q, k, v, gates, a, h, o, T, H, K, V, NT, d.scale, BR=BR, BK=BK, BV=BV, num_warps=4, **common,
+        **packed_args(seqs, "cu_seqlens", "chunk_indices"))
     return o, sT
 
 
-def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
+def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False, seqs=None):
     """The intra-chunk matrix A [B, T, H, C] (float32) for per-dimension gates g [B, T, H, K]:
     secondary chunking. b: the chunk-local cumulated gates (`local_cumsum(g, C)`) when at hand.
     skip_split: leave the chunks that take the split (`_split_flag`) unwritten, for an output kernel
@@ -599,21 +724,22 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False):
 
     Row t holds A[t, s] for the C positions s of t's chunk, s ≤ t (entries above the diagonal are
     not written). Computed once, in parallel over (sub-chunk, chunk, batch·head), and read by both
-    modes' output step.
+    modes' output step. seqs: `Packed` (chunks from each packed sequence's start), else None.
     """
     B, T, H, K = d.B, d.T, d.H, d.K
     COMPUTE = compute_dtype(q.dtype)
     q, k, g = contiguous(q, k, g)
-    b = local_cumsum(g, C) if b is None else b
+    b = local_cumsum(g, C, seqs) if b is None else b
     A = (outputs.empty if skip_split else outputs.scratch)((B, T, H, C), dtype=torch.float32, device=q.device)
     last_launch["intra"] = launch(
-        _intra_kernel, (C // c, triton.cdiv(T, C), B * H),
+        _intra_kernel, (C // c, row_chunks(T, C, seqs), B * H),
         q, k, g, b, A, T, H, K, C=C, c=c, BK=block(K), COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
-        SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, max_stages=INTRA_STAGES)
+        SKIP_SPLIT=skip_split, num_warps=2 if c <= 16 else 4, max_stages=INTRA_STAGES,
+        **packed_args(seqs, "cu_seqlens", "chunk_indices"))
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None, seqs=None):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
     or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
@@ -622,24 +748,29 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
     its gate gradient sums h ⊙ D elementwise, where a bf16 h costs the gradient its precision.
     Also the inter-chunk half of the work, timed alone in chapter 10. Fills sT [B, H, K, V] with
     the final state when given.
+
+    seqs (`Packed`): one program per (sequence, head, block) over that sequence's chunks; h is then
+    [1, H, NT, K, V] over the row's NT chunks, s0 and sT [N, H, K, V].
     """
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
     k, v, g = contiguous(k, v, g)
     if b is None:
-        b = gate_sums(g, C)
-    NT = triton.cdiv(T, C)
+        b = gate_sums(g, C, seqs)
+    NT = row_chunks(T, C, seqs)
+    N = B if seqs is None else seqs.N
     COMPUTE = compute_dtype(k.dtype)
     IEEE = COMPUTE == tl.float32
     if dtype is None:
         dtype = torch.float32 if IEEE else k.dtype
     h = outputs.empty((B, H, NT, K, V), dtype=dtype, device=k.device)
-    SK, SV, stages = state_config(K, V, B * H, gate)                   # every entry of h written below
+    SK, SV, stages = state_config(K, V, N * H, gate)                   # every entry of h written below
     last_launch["states"] = launch(
-        _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H),
+        _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H),
         k, v, k if b is None else b, k if g is None else g, h, s0 if s0 is not None else k,
         sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
-        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4, max_stages=stages)
+        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4, max_stages=stages,
+        **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
     return h, sT
 
 
@@ -648,11 +779,15 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     """Gated linear attention; g [B,T,H] or [B,T,H,K] log-decays ≤ 0. See the module doc.
 
     Differentiable: when an input requires grad, the Triton backward of gated_backward.py runs
-    (recompute=True recomputes the chunk states there, False keeps them from the forward)."""
+    (recompute=True recomputes the chunk states there, False keeps them from the forward).
+
+    cu_seqlens: packed sequences (docs/packed_sequences.md): q [1, T, H, K] holds N sequences,
+    initial and final states are [N, H, K, V]; one launch per kernel indexes them (module doc)."""
     from .gated_backward import run        # imports this module: deferred to the call
 
-    refuse_packed("gla", cu_seqlens)
-    d = check_inputs(q, k, v, g=g, scale=scale, initial_state=initial_state, gate=True)
+    d = check_inputs(q, k, v, g=g, scale=scale, initial_state=None if cu_seqlens is not None else initial_state,
+                     gate=True)
     check_triton("gla", q, d.K, d.V, chunk_size, sub_chunk_size)
+    seqs = check_packed(cu_seqlens, d, q, initial_state, chunk_size)
     return run(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
-               chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, recompute=recompute)
+               chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, recompute=recompute, seqs=seqs)

@@ -45,6 +45,13 @@ Kernels, in the order the backward runs them (`backward`):
   _dv_kernel               dv
   _dqk_kernel              dq, dk (state parts added), and ∂L/∂b for the gate gradient
   _dg_kernel               dg = Σ_{s ≥ t} ∂L/∂b_s: each row block's own sums plus the later blocks' totals
+
+Packed sequences (`cu_seqlens`) are indexed as in the forward (gated.py, "Packed sequences"): the
+reverse pass runs one program per (sequence, head, block) over that sequence's chunks from its last,
+dh [1, H, NT, K, V] holding a sequence's chunks from chunk_offsets[n] on and dsT, ds0 [N, H, K, V];
+every other kernel is parallel over the row's chunks (or row blocks, NB = NT · C/BR of them) and
+takes its (sequence n, chunk i) from chunk_indices. Nothing crosses a chunk boundary here, so
+nothing crosses a sequence's: an empty sequence has no chunk, and its ds0 is its dsT.
 """
 from __future__ import annotations
 
@@ -57,7 +64,8 @@ from ..validate import InputError, first_order
 from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_x3, gate_floor, kernel, launch,
                      operand, stage, warps)
 from . import gated
-from .gated import DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK
+from .gated import (DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK, _gate_row, _packed_chunk, _packed_seq,
+                    packed_args, row_chunks)
 
 last_launch: dict = {}
 # Width of the K- and V-blocks of the gradient kernels: their float32 accumulators are [64, 64] at
@@ -93,11 +101,21 @@ def _load_b_last(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr, GATE: tl.co
 @kernel
 def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
-                    QDT: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr):
+                    QDT: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr, cu_seqlens=None,
+                    chunk_offsets=None, VARLEN: tl.constexpr = False):
     # One program per (K-block, V-block, batch·head) walks the chunks from last to first:
     # dh[n] = D, the gradient of the state after chunk n; then D ← diag(e^{b_last}) D + s (Q ⊙ e^b)ᵀ dO.
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    i_hs, NT_h = i_bh, NT                                     # dh's row i_hs of NT_h chunks
+    if VARLEN:
+        # packed (B = 1, NT the row's chunks): i_bh = (sequence i_b, head i_h), dsT and ds0
+        # [N, H, K, V]; dh [1, H, NT, K, V] holds this sequence's chunks from chunk_offsets[i_b] on
+        bos, T = _packed_seq(cu_seqlens, i_b)
+        q, do, b = q + bos * H * K, do + bos * H * V, _gate_row(b, bos, H, K, GATE)
+        dh += tl.load(chunk_offsets + i_b) * K * V
+        i_hs, NT = i_h, tl.cdiv(T, C)
+        i_b = 0
     q_base = q + i_b * T * H * K + i_h * K
     do_base = do + i_b * T * H * V + i_h * V
     if GATE == 2:
@@ -117,7 +135,7 @@ def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constex
         D = tl.zeros([BK, BV], dtype=tl.float32)
     for u in range(NT):
         n = NT - 1 - u
-        tl.store(dh + (i_bh * NT + n) * K * V + s_offs, D.to(dh.dtype.element_ty), mask=smask)
+        tl.store(dh + (i_hs * NT_h + n) * K * V + s_offs, D.to(dh.dtype.element_ty), mask=smask)
         rows = n * C + tl.arange(0, C)
         rmask = rows < T
         q_n = tl.load(q_base + rows[:, None] * H * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
@@ -140,12 +158,16 @@ def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constex
 
 @kernel
 def _dA_kernel(do, v, dA, T, H, V, scale, C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr,
-               COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+               COMPUTE: tl.constexpr, IEEE: tl.constexpr, cu_seqlens=None, chunk_indices=None,
+               VARLEN: tl.constexpr = False):
     # One program per (row block of a chunk, batch·head): dA[t, j] = s · dO_t · v_j for j ≤ t in
     # the chunk, 0 above the diagonal (written, so later kernels may multiply by it).
     i_nr, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
+    if VARLEN:              # packed (B = 1): the row's chunk i_n is chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        do, v, dA = do + bos * H * V, v + bos * H * V, dA + bos * H * C
     t0 = i_n * C
     do_base = do + i_b * T * H * V + i_h * V
     v_base = v + i_b * T * H * V + i_h * V
@@ -176,7 +198,8 @@ def _dA_kernel(do, v, dA, T, H, V, scale, C: tl.constexpr, BR: tl.constexpr, BV:
 # K = V = 128, 32k tokens at T = 4k). Masking full chunks at their own end recovered only part of it.
 @kernel(keep=("T",))
 def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                       GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+                       GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr, cu_seqlens=None,
+                       chunk_indices=None, VARLEN: tl.constexpr = False):
     # One program per (K-block, sub-chunk i of chunk n, batch·head): the intra-chunk parts
     #   dq_t = Σ_{s ≤ t} dA_ts k_s ⊙ e^{b_t − b_s} for the rows t of sub-chunk i (tiles j ≤ i),
     #   dk_s = Σ_{t ≥ s} dA_ts q_t ⊙ e^{b_t − b_s} for the rows s of sub-chunk i (tiles i' ≥ i).
@@ -184,6 +207,10 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
     i_kb, i_ni, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, i_i = i_ni // (C // c), i_ni % (C // c)
     i_b, i_h = i_bh // H, i_bh % H
+    if VARLEN:              # packed (B = 1): the row's chunk i_n is chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        q, k, g, dqi, dki = q + bos * H * K, k + bos * H * K, g + bos * H * K, dqi + bos * H * K, dki + bos * H * K
+        b, dA = _gate_row(b, bos, H, K, GATE), dA + bos * H * C
     t0 = i_n * C
     s0 = t0 + i_i * c
     if s0 < T:
@@ -303,12 +330,18 @@ def _intra_grad_kernel(q, k, g, b, dA, dqi, dki, T, H, K, C: tl.constexpr, c: tl
 
 @kernel
 def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, BR: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
+               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
+               cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     # One program per (V-block, row block of a chunk, batch·head):
     #   dv_j = (k_j ⊙ e^{b_last − b_j}) D + s · Σ_{t ≥ j} A_tj dO_t   for the BR keys j of the block.
     i_v, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
+    i_hn = i_n                                                # dh's chunk (packed: the row's, dh [1, H, NT, K, V])
+    if VARLEN:              # packed (B = 1): the row's chunk i_n is chunk i of its sequence
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        q, k, A = q + bos * H * K, k + bos * H * K, A + bos * H * C
+        b, do, dv = _gate_row(b, bos, H, K, GATE), do + bos * H * V, dv + bos * H * V
     t0 = i_n * C
     base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
@@ -326,7 +359,7 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
     cmask = cols < T
     k_j = tl.load(k + base + cols[:, None] * H * K + offs_k[None, :], mask=cmask[:, None] & kmask[None, :],
                   other=0.0).to(tl.float32)                                                    # [BR, BK]
-    D = tl.load(dh + (i_bh * NT + i_n) * K * V + offs_k[:, None] * V + offs_v[None, :],
+    D = tl.load(dh + (i_bh * NT + i_hn) * K * V + offs_k[:, None] * V + offs_v[None, :],
                 mask=kmask[:, None] & vmask[None, :], other=0.0).to(COMPUTE)                   # [BK, BV]
     k_dec = k_j
     b_j = tl.zeros([BR], dtype=tl.float32)
@@ -369,7 +402,7 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
 @kernel
 def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K, V, NT, scale, C: tl.constexpr,
                 BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr,
-                IEEE: tl.constexpr):
+                IEEE: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     # One program per (K-block, row block of a chunk, batch·head): the state parts
     #   dq_t += s · (dO_t hᵀ) ⊙ e^{b_t},   dk_t += (v_t Dᵀ) ⊙ e^{b_last − b_t}   (the "write" part)
     # added to the intra parts; writes dq, dk and, for gates, the row block's share of the gate
@@ -380,6 +413,14 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K,
     i_kb, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_n, r0 = i_nr // (C // BR), (i_nr % (C // BR)) * BR
     i_b, i_h = i_bh // H, i_bh % H
+    i_hn = i_n                                  # h's and dh's chunk (packed: the row's, [1, H, NT, K, V])
+    if VARLEN:
+        # packed (B = 1): the row's chunk i_n is chunk i of its sequence; tot and totw stay indexed
+        # by the row's row block i_nr ([1, NB, H, K], NB the row's row blocks)
+        i_n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_n)
+        q, k, dqi, dki, dq, dk = (q + bos * H * K, k + bos * H * K, dqi + bos * H * K, dki + bos * H * K,
+                                  dq + bos * H * K, dk + bos * H * K)
+        v, do, b, db = v + bos * H * V, do + bos * H * V, _gate_row(b, bos, H, K, GATE), db + bos * H * K
     t0 = i_n * C
     base = i_b * T * H * K + i_h * K
     v_base = i_b * T * H * V + i_h * V
@@ -390,7 +431,7 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K,
     dq_s = tl.zeros([BR, BK], dtype=tl.float32)
     dk_s = tl.zeros([BR, BK], dtype=tl.float32)
     hD = tl.zeros([BK], dtype=tl.float32)                       # Σ_v h ⊙ D: the chunk's carried decay
-    s_base = (i_bh * NT + i_n) * K * V
+    s_base = (i_bh * NT + i_hn) * K * V
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
         vmask = offs_v < V
@@ -443,14 +484,26 @@ def _dqk_kernel(q, k, v, b, do, h, dh, dqi, dki, dq, dk, db, tot, totw, T, H, K,
 
 @kernel
 def _dg_kernel(db, carry, dg, T, H, K, BR: tl.constexpr, BK: tl.constexpr, HEAD: tl.constexpr,
-               HAS_CARRY: tl.constexpr):
+               HAS_CARRY: tl.constexpr, cu_seqlens=None, chunk_indices=None, R: tl.constexpr = 1,
+               VARLEN: tl.constexpr = False):
     # One program per (K-block, row block, batch·head): dg = the row block's own sums (`db`) + those
     # of the chunk's other row blocks (`carry`, when a chunk has several); per-head gates sum over K
     # (BK covers all of K).
     i_kb, i_nr, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NB = tl.num_programs(1)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = i_nr * BR + tl.arange(0, BR)
+    i_r = i_nr                                                # the row block within the row
+    if VARLEN:
+        # packed (B = 1): the row's row block i_nr is row block i_nr % R of the row's chunk i_nr // R
+        # (R = C / BR), chunk i of its sequence: its rows from that chunk's start; carry stays [1, NB, H, K]
+        i_c, bos, T = _packed_chunk(cu_seqlens, chunk_indices, i_nr // R)
+        i_r = i_c * R + i_nr % R
+        db = db + bos * H * K
+        if HEAD:
+            dg = dg + bos * H
+        else:
+            dg = dg + bos * H * K
+    rows = i_r * BR + tl.arange(0, BR)
     offs_k = i_kb * BK + tl.arange(0, BK)
     rmask, kmask = rows < T, offs_k < K
     m = rmask[:, None] & kmask[None, :]
@@ -476,41 +529,48 @@ def state_dtype(gate: int):
     return None if gate == NO_GATE else torch.float32
 
 
-def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True):
+def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None):
     """Step 1 of `backward`, `_dstates_kernel` over every chunk from the last: dh [B, H, NT, K, V]
     (dh_dtype; the gradient of the state after each chunk) and ds0 [B, H, K, V] float32 (None unless
     with_ds0). b: the chunk-local gate sums (None without gates); dsT: the final state's gradient
-    (None: zeros). The grader of workbook 13 launches the library's pass through this too."""
+    (None: zeros). The grader of workbook 13 launches the library's pass through this too.
+    seqs (`gated.Packed`): one program per (sequence, head, block); dh [1, H, NT, K, V] over the
+    row's chunks, dsT and ds0 [N, H, K, V]."""
     B, T, H, K = q.shape
     V = do.shape[-1]
+    N = B if seqs is None else seqs.N
     q, do, b = contiguous(q, do, b)
     COMPUTE = compute_dtype(q.dtype)
-    dh = outputs.empty((B, H, triton.cdiv(T, chunk_size), K, V), dtype=dh_dtype, device=q.device)   # all written
-    ds0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if with_ds0 else None
+    NT = row_chunks(T, chunk_size, seqs)
+    dh = outputs.empty((B, H, NT, K, V), dtype=dh_dtype, device=q.device)   # all written
+    ds0 = outputs.empty((N, H, K, V), dtype=torch.float32, device=q.device) if with_ds0 else None
     dsT = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
     last_launch["dstates"] = launch(
-        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), B * H), q, do, q if b is None else b, dh,
-        dsT if dsT is not None else q, ds0 if ds0 is not None else q, T, H, K, V, triton.cdiv(T, chunk_size), scale,
+        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H), q, do, q if b is None else b, dh,
+        dsT if dsT is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, scale,
         C=chunk_size, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
         QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, HAS_DST=dsT is not None,
-        STORE_DS0=with_ds0, num_warps=4)
+        STORE_DS0=with_ds0, num_warps=4, **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
     return dh, ds0
 
 
-def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None):
+def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, A=None, b=None, timer=None,
+             seqs=None):
     """Gradients (dq, dk, dv, dg, ds0) of the gated forward (module docstring).
 
     do: gradient of o (None: zero); dsT: gradient of the final state (None: zero); h, A, b: the
     states, intra matrix and cumulated gates kept by the forward (recomputed when None). dg is None
     without gates, ds0 None without s0.
     timer: a dict that receives the milliseconds of each stage (chapter 13, tools/bench.py).
+    seqs: `gated.Packed` for packed sequences (B = 1; s0, dsT and ds0 [N, H, K, V]), else None.
     """
     gate = gate_kind(g)
     B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
     C = chunk_size
     c = min(sub_chunk_size, chunk_size) if gate == DIM_GATE else min(C, ROW_BLOCK)   # ≤ 64: linattn.support
-    NT = triton.cdiv(T, C)
+    NT = row_chunks(T, C, seqs)
+    chunks = packed_args(seqs, "cu_seqlens", "chunk_indices")          # the chunk-parallel launches
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
     dev = q.device
@@ -520,16 +580,16 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
     with stage(timer, "recompute states"):
         if b is None:
-            b = gated.gate_sums(g, C)                                  # b: [B, T, H(, K)] float32
+            b = gated.gate_sums(g, C, seqs)                            # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate))
+            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate), seqs=seqs)
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
     # 1. reverse pass over the chunks: D for every chunk, dinitial_state
     with stage(timer, "reverse pass dS"):
         dh, ds0 = reverse_pass(q, do, b, dsT, gate=gate, scale=d.scale, chunk_size=C,
-                               dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None)
+                               dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None, seqs=seqs)
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)
@@ -537,7 +597,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     BVa = min(block(V), 64)
     with stage(timer, "dA"):
         last_launch["dA"] = launch(_dA_kernel, (NT * (C // BR), B * H), do, v, dA, T, H, V, d.scale, C=C, BR=BR,
-                                   BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+                                   BV=BVa, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4, **chunks)
 
     # 3. intra-chunk parts of dq, dk
     BK = min(block(K), GRAD_BLOCK)
@@ -547,12 +607,12 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
         last_launch["intra"] = launch(
             _intra_grad_kernel, (triton.cdiv(K, BK), NT * (C // c), B * H), q, k, g if gate == DIM_GATE else q, bp,
             dA, dqi, dki, T, H, K, C=C, c=c, BK=BK, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
-            num_warps=2 if c <= 16 else 4)
+            num_warps=2 if c <= 16 else 4, **chunks)
 
     # 4. dv
     if gate == DIM_GATE and A is None:
         with stage(timer, "recompute A"):
-            A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b)
+            A = gated.intra_attention(q, k, g, d, C, min(sub_chunk_size, C), b=b, seqs=seqs)
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=dev)
     BKv, BVv = gated.blocks(K, V)
     # ptxas for sm_90 at K = V = 128, C = 64: float32 tiles of 64 rows spilled 7–14 KB of stack per
@@ -561,13 +621,14 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     with stage(timer, "dv"):
         last_launch["dv"] = launch(
             _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BRv), B * H), q, k, bp, A if A is not None else q, do, dh,
-            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else warps(8, BVv), **common)
+            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else warps(8, BVv), **common,
+            **chunks)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
     dq = outputs.empty((B, T, H, K), dtype=q.dtype, device=dev)
     dk = outputs.empty((B, T, H, K), dtype=k.dtype, device=dev)
     db = tot = totw = None
-    NB = NT * (C // BR)                                                 # row blocks per sequence
+    NB = NT * (C // BR)                                                 # row blocks per sequence (packed: the row)
     if gate != NO_GATE:
         db = outputs.empty((B, T, H, K), dtype=torch.float32, device=dev)  # every entry written
         tot = outputs.empty((B, NB, H, K), dtype=torch.float32, device=dev)
@@ -579,7 +640,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
             _dqk_kernel, (triton.cdiv(K, BK), NB, B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk,
             db if db is not None else q, tot if tot is not None else q, totw if totw is not None else q, T, H, K,
             V, NT, d.scale, BR=BR, BK=BK,
-            BV=BVq, num_warps=warps(8, BK, BVq), **common)
+            BV=BVq, num_warps=warps(8, BK, BVq), **common, **chunks)
 
     # 6. dg: each row block's own sums were written by _dqk_kernel; when a chunk has several row
     # blocks (C > BR), each adds the reverse totals of the chunk's later blocks and the write totals
@@ -600,32 +661,36 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
             last_launch["dg"] = launch(_dg_kernel, (triton.cdiv(K, BKg), NB, B * H), db,
                                        carry if carry is not None else db, dg, T, H, K, BR=BR, BK=BKg,
                                        HEAD=gate == HEAD_GATE, HAS_CARRY=carry is not None,
-                                       num_warps=8 if BKg > 64 else 4)
+                                       num_warps=8 if BKg > 64 else 4,
+                                       **(dict(chunks, R=R) if seqs is not None else {}))
     if ds0 is not None:
         ds0 = ds0.to(s0.dtype)
     return dq, dk, dv, dg, ds0
 
 
-def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size):
-    """The states-mode forward that also returns what the backward needs: (o, sT, h, A, b)."""
+def forward_keep(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, seqs=None):
+    """The states-mode forward that also returns what the backward needs: (o, sT, h, A, b).
+    seqs: `gated.Packed` for packed sequences, else None."""
     gate = gate_kind(g)
     C, c = chunk_size, min(sub_chunk_size, chunk_size)
     q, k, v, g = contiguous(q, k, v, g)
     B, T, H, K, V = d.B, d.T, d.H, d.K, d.V
-    NT = triton.cdiv(T, C)
+    NT = row_chunks(T, C, seqs)
+    N = B if seqs is None else seqs.N
     COMPUTE = compute_dtype(q.dtype)
     IEEE = COMPUTE == tl.float32
     s0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
-    b = gated.gate_sums(g, C)
-    A = gated.intra_attention(q, k, g, d, C, c, b=b) if gate == DIM_GATE else None
-    sT = outputs.empty((B, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
-    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate))
+    b = gated.gate_sums(g, C, seqs)
+    A = gated.intra_attention(q, k, g, d, C, c, b=b, seqs=seqs) if gate == DIM_GATE else None
+    sT = outputs.empty((N, H, K, V), dtype=torch.float32, device=q.device) if output_final_state else None
+    h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0, sT=sT, chunk_size=C, dtype=state_dtype(gate), seqs=seqs)
     o = outputs.empty((B, T, H, V), dtype=v.dtype, device=q.device)
     BK, BV = gated.output_blocks(K, V, gate, IEEE)
     BR = min(C, ROW_BLOCK)
     launch(gated._output_kernel, (triton.cdiv(V, BV), NT * (C // BR), B * H),
            q, k, v, q if b is None else b, A if A is not None else q, h, o, T, H, K, V, NT, d.scale, C=C, BR=BR,
-           BK=BK, BV=BV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4)
+           BK=BK, BV=BV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=4,
+           **packed_args(seqs, "cu_seqlens", "chunk_indices"))
     gated.ran["mode"] = "states (kept for the backward)"
     return o, sT, h, A, b
 
@@ -642,29 +707,30 @@ class GatedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, d, output_final_state, chunk_size, sub_chunk_size, mode,
-                recompute):
+                recompute, seqs=None):
         ctx.set_materialize_grads(False)
         if recompute:
             kept = {}
             o, sT = gated.forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
-                                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, keep=kept)
+                                  chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, keep=kept,
+                                  seqs=seqs)
             h, A, b = None, kept.get("A"), kept.get("b")
         else:
             o, sT, h, A, b = forward_keep(q, k, v, g, d, initial_state=initial_state,
                                           output_final_state=output_final_state, chunk_size=chunk_size,
-                                          sub_chunk_size=sub_chunk_size)
+                                          sub_chunk_size=sub_chunk_size, seqs=seqs)
         ctx.save_for_backward(q, k, v, g, initial_state, h, A, b)
-        ctx.cfg = (d, chunk_size, sub_chunk_size)
+        ctx.cfg = (d, chunk_size, sub_chunk_size, seqs)
         return o, sT
 
     @staticmethod
     @first_order("linattn.triton.gla / linear_attn")   # kernels: no graph, a double backward raises
     def backward(ctx, do, dsT):
         q, k, v, g, s0, h, A, b = ctx.saved_tensors
-        d, C, c = ctx.cfg
+        d, C, c, seqs = ctx.cfg
         dq, dk, dv, dg, ds0 = backward(do, dsT, q, k, v, g, s0, d, chunk_size=C, sub_chunk_size=c,
-                                       h=h, A=A, b=b)
-        return dq, dk, dv, dg, ds0, None, None, None, None, None, None
+                                       h=h, A=A, b=b, seqs=seqs)
+        return dq, dk, dv, dg, ds0, None, None, None, None, None, None, None
 
 
 def needs_grad(*xs) -> bool:
@@ -672,12 +738,14 @@ def needs_grad(*xs) -> bool:
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
-def run(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, recompute):
-    """gated.forward, through GatedAttention when a gradient is needed (no overhead otherwise)."""
+def run(q, k, v, g, d, *, initial_state, output_final_state, chunk_size, sub_chunk_size, mode, recompute,
+        seqs=None):
+    """gated.forward, through GatedAttention when a gradient is needed (no overhead otherwise).
+    seqs: `gated.Packed` for packed sequences (`gated.check_packed`), else None."""
     if not isinstance(recompute, bool):
         raise InputError(f"recompute must be True or False, got {recompute!r}")
     if not needs_grad(q, k, v, g, initial_state):
         return gated.forward(q, k, v, g, d, initial_state=initial_state, output_final_state=output_final_state,
-                             chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode)
+                             chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, mode=mode, seqs=seqs)
     return GatedAttention.apply(q, k, v, g, initial_state, d, output_final_state, chunk_size, sub_chunk_size,
-                                mode, recompute)
+                                mode, recompute, seqs)

@@ -6,16 +6,18 @@ Per chunk of C tokens with S the state before it (chapter 09 builds this kernel 
 """
 from __future__ import annotations
 
-from ..support import check_triton, refuse_packed
+from ..support import check_triton
 from ..validate import check_inputs
+from .gated import check_packed
 from .gated_backward import run
 
 
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
                 mode="auto", recompute=True, cu_seqlens=None):
-    """Differentiable: the Triton backward of gated_backward.py with no gate (`recompute` as in gla)."""
-    refuse_packed("linear_attn", cu_seqlens)
-    d = check_inputs(q, k, v, scale=scale, initial_state=initial_state)
+    """Differentiable: the Triton backward of gated_backward.py with no gate (`recompute` as in gla).
+    cu_seqlens: packed sequences, as in gla."""
+    d = check_inputs(q, k, v, scale=scale, initial_state=None if cu_seqlens is not None else initial_state)
     check_triton("linear_attn", q, d.K, d.V, chunk_size)
+    seqs = check_packed(cu_seqlens, d, q, initial_state, chunk_size)
     return run(q, k, v, None, d, initial_state=initial_state, output_final_state=output_final_state,
-               chunk_size=chunk_size, sub_chunk_size=chunk_size, mode=mode, recompute=recompute)
+               chunk_size=chunk_size, sub_chunk_size=chunk_size, mode=mode, recompute=recompute, seqs=seqs)

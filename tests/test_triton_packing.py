@@ -1,0 +1,255 @@
+"""Packed sequences (cu_seqlens) at the Triton level: linattn.triton.linear_attn and gla.
+
+One launch per kernel indexes the packed sequences (linattn/triton/gated.py, "Packed sequences").
+The result must be that of each sequence run alone through the same Triton level:
+
+- outputs, final states [N, H, K, V] and every gradient (q, k, v, g, initial state) for an incoming
+  gradient on the outputs and on the final states, float32, for a row of lengths 0, 1, 37, 0, 64,
+  17, 100, 0 (empty sequences at both ends and inside, one token, lengths on and across chunk
+  boundaries), chunk sizes 16 and 32, no gate / per-head / per-dimension gates, fused and states
+  modes, recompute True and False; every buffer NaN-poisoned. An empty sequence's final state is
+  its initial state and its initial state's gradient is its final state's, exactly;
+- the forward without autograd, whose per-dimension path builds the intra matrix of most chunks
+  inside the output kernel (the split) and the rest in _intra_kernel;
+- against the chunk level with cu_seqlens in float64 (the Triton level has no float64), within
+  float32's tolerances of linattn.testing.
+
+Bad cu_seqlens is refused by name before any launch, the caller's cu_seqlens is never written, and
+the dispatcher and the custom op pass cu_seqlens through. Tiny shapes: the interpreter is slow.
+"""
+import functools
+
+import pytest
+import torch
+
+import linattn
+from linattn import chunk, ops, testing
+from linattn import triton as lt
+from linattn.triton import gated
+from linattn.validate import InputError
+
+LENGTHS = [0, 1, 37, 0, 64, 17, 100, 0]
+H, K, V = 2, 16, 16
+F32 = torch.float32
+GATES = [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")]
+GATE_IDS = ["linear", "per_head", "per_dim"]
+# (chunk size, mode, recompute) with autograd; recompute=False keeps the states mode's forward
+# whatever the mode. Chunks of 32 hold two sub-chunks of 16 (off-diagonal tiles).
+RUNS = [(16, "fused", True), (16, "states", True), (16, "states", False), (32, "fused", True),
+        (32, "states", False)]
+
+
+def bounds(lengths=LENGTHS):
+    return [0] + torch.tensor(lengths).cumsum(0).tolist()
+
+
+def cu_of(lengths=LENGTHS):
+    return torch.tensor(bounds(lengths), dtype=torch.int64)
+
+
+def make(op, gate, lengths=LENGTHS, seed=0, dtype=F32):
+    """Packed inputs [1, T, ...], one initial state per sequence, incoming gradients w_o, w_S."""
+    T, N = sum(lengths), len(lengths)
+    args = testing.make_inputs(op, B=1, T=T, H=H, K=K, V=V, gate=gate or "per_dim", seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    args["initial_state"] = torch.randn(N, H, K, V, generator=gen)
+    w_o = torch.randn(1, T, H, V, generator=gen)
+    w_S = torch.randn(N, H, K, V, generator=gen)
+    args = {n: a.to(dtype) for n, a in args.items()}
+    return args, w_o.to(dtype), w_S.to(dtype)
+
+
+def fn_of(level, op):
+    return getattr(level, op)
+
+
+def knobs(op, C):
+    return dict(chunk_size=C, sub_chunk_size=16) if op == "gla" else dict(chunk_size=C)
+
+
+def leaves(args):
+    return {n: a.detach().clone().requires_grad_() for n, a in args.items()}
+
+
+def packed(fn, args, cu, w_o, w_S, **kw):
+    """(o, final states, gradients by name) of one packed call, its buffers NaN-poisoned."""
+    x = leaves(args)
+    with testing.poisoned():
+        o, S = fn(**x, cu_seqlens=cu, output_final_state=True, **kw)
+        ((o * w_o).sum() + (S * w_S).sum()).backward()
+    return o.detach(), S.detach(), {n: a.grad for n, a in x.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def reference(op, gate, C):
+    """Each sequence alone through the Triton level (states mode, recomputed), for the inputs of
+    `make(op, gate)`: computed once per worker, shared by the runs of every mode."""
+    args, w_o, w_S = make(op, gate)
+    return alone(fn_of(lt, op), args, LENGTHS, w_o, w_S, **knobs(op, C), mode="states", recompute=True)
+
+
+def alone(fn, args, lengths, w_o, w_S, **kw):
+    """The same, each sequence run alone through fn (no cu_seqlens); an empty one hands its initial
+    state through as its final state."""
+    x = leaves(args)
+    outs, finals, loss = [], [], 0
+    b = bounds(lengths)
+    with testing.poisoned():
+        for n, (s, e) in enumerate(zip(b, b[1:])):
+            h0 = x["initial_state"][n:n + 1]
+            if s == e:
+                S = h0
+            else:
+                o, S = fn(**{m: a[:, s:e] for m, a in x.items() if m != "initial_state"}, initial_state=h0,
+                          output_final_state=True, **kw)
+                outs.append(o)
+                loss = loss + (o * w_o[:, s:e]).sum()
+            finals.append(S)
+            loss = loss + (S * w_S[n:n + 1]).sum()
+        loss.backward()
+    return torch.cat(outs, 1).detach(), torch.cat(finals).detach(), {n: a.grad for n, a in x.items()}
+
+
+def assert_same(got, want, tol, what):
+    o, S, grads = got
+    o_r, S_r, grads_r = want
+    errs = {"o": testing.rel_err(o, o_r), "final state": testing.rel_err(S, S_r)}
+    errs.update({f"d{n}": testing.rel_err(grads[n], grads_r[n]) for n in grads_r})
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"{what}: relative errors over {tol}: {bad}"
+
+
+@pytest.mark.parametrize("C,mode,recompute", RUNS)
+@pytest.mark.parametrize("op,gate", GATES, ids=GATE_IDS)
+def test_packed_equals_each_sequence_alone(op, gate, C, mode, recompute):
+    args, w_o, w_S = make(op, gate)
+    got = packed(fn_of(lt, op), args, cu_of(), w_o, w_S, **knobs(op, C), mode=mode, recompute=recompute)
+    assert_same(got, reference(op, gate, C), 1e-6, f"{op} {gate} C={C} {mode} recompute={recompute}")
+    # empty sequences: final state = initial state, d initial state = d final state, exactly
+    empty = [n for n, length in enumerate(LENGTHS) if length == 0]
+    assert torch.equal(got[1][empty], args["initial_state"][empty])
+    assert torch.equal(got[2]["initial_state"][empty], w_S[empty])
+
+
+@pytest.mark.parametrize("mode", ["fused", "states"])
+@pytest.mark.parametrize("C", [16, 32])
+def test_packed_forward_without_autograd(C, mode):
+    """The forward without autograd, per-dimension gates: most chunks' intra matrix is built inside
+    the output kernel (the split), _intra_kernel skips them (without gates or with per-head gates this
+    forward runs the kernels of the autograd forward above). Also a row without initial states or
+    final states."""
+    op, gate = "gla", "per_dim"
+    args, _, _ = make(op, gate, seed=3)
+    cu = cu_of()
+    fn = fn_of(lt, op)
+    kw = dict(knobs(op, C), mode=mode)
+    with testing.poisoned():
+        o, S = fn(**args, cu_seqlens=cu, output_final_state=True, **kw)
+        o0, S0 = fn(**{n: a for n, a in args.items() if n != "initial_state"}, cu_seqlens=cu, **kw)
+    b = bounds()
+    for n, (s, e) in enumerate(zip(b, b[1:])):
+        h0 = args["initial_state"][n:n + 1]
+        if s == e:
+            assert torch.equal(S[n:n + 1], h0)
+            continue
+        x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
+        o_n, S_n = fn(**x, initial_state=h0, output_final_state=True, **kw)
+        assert testing.rel_err(o[:, s:e], o_n) <= 1e-6 and testing.rel_err(S[n:n + 1], S_n) <= 1e-6, (n, s, e)
+        assert testing.rel_err(o0[:, s:e], fn(**x, **kw)[0]) <= 1e-6, (n, s, e)
+    assert S0 is None
+
+
+@pytest.mark.parametrize("op,gate", GATES, ids=GATE_IDS)
+def test_packed_against_the_chunk_level_in_float64(op, gate):
+    """Triton float32 against linattn.chunk with cu_seqlens in float64: float32's tolerances."""
+    args, w_o, w_S = make(op, gate, seed=5)
+    cu = cu_of()
+    got = packed(fn_of(lt, op), args, cu, w_o, w_S, **knobs(op, 16), mode="fused")
+    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=16)
+    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[F32]
+    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[F32]
+    for n in got[2]:
+        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[F32], n
+
+
+def test_chunk_tables():
+    """chunk_indices lists (sequence, chunk within it) of every chunk of the row, empty sequences
+    having none; chunk_offsets the row's first chunk of each sequence."""
+    p = gated.packed(cu_of(), bounds(), 32)
+    counts = [0, 1, 2, 0, 2, 1, 4, 0]
+    assert p.N == 8 and p.NT == sum(counts) == 10
+    assert p.chunk_offsets.tolist() == [0, 0, 1, 3, 3, 5, 6, 10, 10]
+    assert p.chunk_indices.tolist() == [[1, 0], [2, 0], [2, 1], [4, 0], [4, 1], [5, 0], [6, 0], [6, 1], [6, 2],
+                                        [6, 3]]
+    assert p.chunk_indices.dtype == torch.int32 and p.chunk_offsets.dtype == torch.int64
+
+
+@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+def test_bad_cu_seqlens_is_refused_before_any_launch(op, monkeypatch):
+    gate = "per_dim" if op == "gla" else None
+    args, _, _ = make(op, gate)
+    fn = fn_of(lt, op)
+    launched = []
+    monkeypatch.setattr(gated, "packed", lambda *a, **k: launched.append(1))   # reached only past the checks
+    cases = [(cu_of().int(), "cu_seqlens must have dtype torch.int64"),
+             (torch.tensor([0, 5, 3, sum(LENGTHS)]), r"cu_seqlens must be non-decreasing"),
+             (torch.tensor([0, 5]), r"cu_seqlens must end at T"),
+             ([0, sum(LENGTHS)], "cu_seqlens must be a torch.Tensor")]
+    for cu, match in cases:
+        with pytest.raises(InputError, match=match):
+            fn(**args, cu_seqlens=cu)
+    with pytest.raises(InputError, match=r"initial_state must have shape \[N, H, K, V\]"):
+        fn(**dict(args, initial_state=args["initial_state"][:3]), cu_seqlens=cu_of())
+    B2 = {n: (torch.cat([a, a]) if n != "initial_state" else a) for n, a in args.items()}
+    with pytest.raises(InputError, match="q must have B = 1"):
+        fn(**B2, cu_seqlens=cu_of())
+    assert not launched
+
+
+def test_cu_seqlens_and_inputs_are_not_written():
+    args, w_o, w_S = make("gla", "per_head", seed=2)
+    cu = cu_of()
+    before = cu.clone(), {n: a.clone() for n, a in args.items()}
+    packed(lt.gla, args, cu, w_o, w_S, chunk_size=16)
+    assert torch.equal(cu, before[0])
+    assert all(torch.equal(args[n], before[1][n]) for n in args)
+
+
+def test_dispatcher_and_custom_op_pass_cu_seqlens_to_triton():
+    args, _, _ = make("gla", "per_dim", lengths=[3, 0, 20], seed=4)
+    cu = cu_of([3, 0, 20])
+    o, S = lt.gla(**args, cu_seqlens=cu, output_final_state=True, chunk_size=16)
+    o_d, S_d = linattn.gla(**args, cu_seqlens=cu, output_final_state=True, chunk_size=16, impl="triton")
+    assert "triton" in linattn.which("gla")
+    assert torch.equal(o, o_d) and torch.equal(S, S_d)
+    o_c, S_c = ops.call("gla", (args["q"], args["k"], args["v"], args["g"]), initial_state=args["initial_state"],
+                        cu_seqlens=cu, level="triton", chunk_size=16)
+    assert torch.equal(o, o_c) and torch.equal(S, S_c)
+
+
+@pytest.mark.parametrize("op", ["delta_rule", "kda"])
+def test_delta_family_still_refuses_by_name(op):
+    args = testing.make_inputs(op, B=1, T=8, H=1, K=16, V=16)
+    with pytest.raises(InputError, match=rf"^cu_seqlens: linattn.triton.{op} does not take packed sequences"):
+        getattr(lt, op)(**args, cu_seqlens=torch.tensor([0, 3, 8]))
+
+
+@pytest.mark.parametrize("name", ["linear", "gla"])
+def test_layers_take_packed_rows_at_the_triton_level(name):
+    """A linattn.nn layer with impl="triton" runs a packed row through the Triton level: outputs,
+    recurrent states and the input's gradient equal the chunk level's (float32)."""
+    from linattn import nn as lnn
+
+    lengths = [3, 0, 20, 1]
+    cu = cu_of(lengths)
+    torch.manual_seed(0)
+    layer = lnn.LAYERS[name](16, H, conv_width=4, impl="triton")
+    runs = []
+    for impl in ("triton", "chunk"):
+        layer.impl = impl
+        x = torch.randn(1, sum(lengths), 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        y, state = layer(x, cu_seqlens=cu)
+        (y.sum() + state.memory.sum()).backward()
+        runs.append((y.detach(), state.memory.detach(), x.grad))
+    for got, want in zip(*runs):
+        assert testing.rel_err(got, want) <= testing.GRAD_TOLERANCE[F32]
