@@ -6,9 +6,9 @@ The result must be that of each sequence run alone through the same Triton level
 - outputs, final states [N, H, K, V] and every gradient (q, k, v, g, initial state) for an incoming
   gradient on the outputs and on the final states, float32, for a row of lengths 0, 1, 37, 0, 64,
   17, 100, 0 (empty sequences at both ends and inside, one token, lengths on and across chunk
-  boundaries), chunk sizes 16 and 32, no gate / per-head / per-dimension gates, fused and states
-  modes, recompute True and False; every buffer NaN-poisoned. An empty sequence's final state is
-  its initial state and its initial state's gradient is its final state's, exactly;
+  boundaries), chunk sizes 16, 32 and 128, no gate / per-head / per-dimension gates, fused and
+  states modes, recompute True and False; every buffer NaN-poisoned. An empty sequence's final
+  state is its initial state and its initial state's gradient is its final state's, exactly;
 - the forward without autograd, whose per-dimension path builds the intra matrix of most chunks
   inside the output kernel (the split) and the rest in _intra_kernel;
 - against the chunk level with cu_seqlens in float64 (the Triton level has no float64), within
@@ -34,9 +34,10 @@ F32 = torch.float32
 GATES = [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")]
 GATE_IDS = ["linear", "per_head", "per_dim"]
 # (chunk size, mode, recompute) with autograd; recompute=False keeps the states mode's forward
-# whatever the mode. Chunks of 32 hold two sub-chunks of 16 (off-diagonal tiles).
+# whatever the mode. Chunks of 32 hold two sub-chunks of 16 (off-diagonal tiles); chunks of 128 two
+# row blocks of 64 (the gate gradient's carry between them).
 RUNS = [(16, "fused", True), (16, "states", True), (16, "states", False), (32, "fused", True),
-        (32, "states", False)]
+        (32, "states", False), (128, "states", False)]
 
 
 def bounds(lengths=LENGTHS):
