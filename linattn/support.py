@@ -66,15 +66,6 @@ def triton_chunk_sizes(op: str, dtype=None) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def refuse_packed(op: str, cu_seqlens) -> None:
-    """For the Triton ops that do not take packed sequences yet (delta_rule, kda; linear_attn and gla
-    do): refuse cu_seqlens before anything else (its initial state [N, H, K, V] would otherwise be
-    refused as a wrong shape, a misleading reason)."""
-    if cu_seqlens is not None:
-        raise InputError(f"cu_seqlens: linattn.triton.{op} does not take packed sequences yet; "
-                         f"linattn.chunk.{op} and linattn.naive.{op} do (or impl='chunk' through linattn.{op})")
-
-
 def check_triton(op: str, q: torch.Tensor, K: int, V: int, chunk_size, sub_chunk_size=None) -> None:
     """Refuse, before any launch, what linattn.triton does not support (the table above), and
     torch.func transforms, which its hand-written autograd.Functions cannot pass."""

@@ -90,9 +90,9 @@ def test_opcheck_packed_sequences(op):
                                             level="chunk", chunk_size=4, sub_chunk_size=4))
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+@pytest.mark.parametrize("op", ops.TENSORS)
 def test_opcheck_packed_sequences_triton_level(op):
-    """The Triton level takes cu_seqlens for linear attention and GLA: the op passes it through."""
+    """The Triton level takes cu_seqlens for every op: the op passes it through."""
     tensors, _ = inputs(op, torch.float32, batch=1, h0=False)
     cu = torch.tensor([0, 3, 3, T])                                   # an empty sequence included
     state = torch.randn(3, H, K, V, requires_grad=True)

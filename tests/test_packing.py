@@ -198,11 +198,11 @@ def test_dispatch_passes_cu_seqlens_to_the_level():
     o, S = linattn.gla(**args, cu_seqlens=cu, output_final_state=True)        # CPU: the chunk level
     o_n, S_n = linattn.gla(**args, cu_seqlens=cu, output_final_state=True, impl="naive")
     assert testing.rel_err(o, o_n) < 1e-12 and testing.rel_err(S, S_n) < 1e-12
-    # the Triton level takes it for linear attention and GLA (tests/test_triton_packing.py), not
-    # yet for the delta family
+    # the Triton level takes it too (tests/test_triton_packing.py), the delta family included
     args, _, _ = make("kda", "per_head", torch.float32, lengths=[3, 9])
-    with pytest.raises(linattn.InputError, match=r"^cu_seqlens: linattn.triton.kda does not take packed sequences .*impl='chunk'"):
-        linattn.kda(**args, cu_seqlens=cu, impl="triton")
+    o, S = linattn.kda(**args, cu_seqlens=cu, output_final_state=True, impl="triton")
+    o_c, S_c = linattn.kda(**args, cu_seqlens=cu, output_final_state=True, impl="chunk")
+    assert testing.rel_err(o, o_c) < 1e-5 and testing.rel_err(S, S_c) < 1e-5
 
 
 BACKWARD = {"linear_attn": naive.backward.linear_attn_backward, "gla": naive.backward.gla_backward,

@@ -63,19 +63,10 @@ def test_gla_sub_chunks_past_the_range_are_refused():
         tri.gla(**a, chunk_size=128, sub_chunk_size=2 * support.MAX_TRITON_SUB_CHUNK)
 
 
-@pytest.mark.parametrize("op", ["delta_rule", "kda"])
-def test_packed_sequences_are_refused_by_name(op):
-    """The delta family's Triton kernels do not take cu_seqlens yet: an InputError naming it and the
-    levels that do, before the initial state [N, H, K, V] could be refused as a wrong shape."""
-    fn, a = args(op)
-    a["initial_state"] = torch.zeros(2, 1, 16, 16)
-    with pytest.raises(InputError, match=rf"^cu_seqlens: linattn.triton.{fn} does not take packed sequences"):
-        getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4]))
-
-
-@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+@pytest.mark.parametrize("op", OPS)
 def test_packed_sequences_run_at_the_triton_level(op):
-    """Linear attention and GLA take cu_seqlens (tests/test_triton_packing.py): one state per sequence."""
+    """Every Triton op takes cu_seqlens (tests/test_triton_packing.py): one state per sequence, the
+    initial states [N, H, K, V] not refused as a wrong shape."""
     fn, a = args(op)
     a["initial_state"] = torch.zeros(2, 1, 16, 16)
     o, S = getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4]), output_final_state=True)

@@ -1,7 +1,8 @@
-"""Packed sequences (cu_seqlens) at the Triton level: linattn.triton.linear_attn and gla.
+"""Packed sequences (cu_seqlens) at the Triton level: linattn.triton.linear_attn, gla, delta_rule
+and kda.
 
-One launch per kernel indexes the packed sequences (linattn/triton/gated.py, "Packed sequences").
-The result must be that of each sequence run alone through the same Triton level:
+One launch per kernel indexes the packed sequences (linattn/triton/gated.py and delta.py, "Packed
+sequences"). The result must be that of each sequence run alone through the same Triton level:
 
 - outputs, final states [N, H, K, V] and every gradient (q, k, v, g, initial state) for an incoming
   gradient on the outputs and on the final states, float32, for a row of lengths 0, 1, 37, 0, 64,
@@ -9,6 +10,11 @@ The result must be that of each sequence run alone through the same Triton level
   boundaries), chunk sizes 16, 32 and 128, no gate / per-head / per-dimension gates, fused and
   states modes, recompute True and False; every buffer NaN-poisoned. An empty sequence's final
   state is its initial state and its initial state's gradient is its final state's, exactly;
+- the same for the delta family (dβ too): DeltaNet, Gated DeltaNet (per-head gates: W and the
+  decayed queries from each chunk's first token within its sequence) and KDA (per-dimension gates,
+  also with strong gates, whose chunks the exact factor kernel and the gate backward's column
+  walk redo), chunks of 16 and 64, recompute True and False (not every combination: the
+  interpreter is slow);
 - the forward without autograd, whose per-dimension path builds the intra matrix of most chunks
   inside the output kernel (the split) and the rest in _intra_kernel;
 - against the chunk level with cu_seqlens in float64 (the Triton level has no float64), within
@@ -26,7 +32,7 @@ import linattn
 from linattn import chunk, ops, testing
 from linattn import triton as lt
 from linattn.triton import gated
-from linattn.validate import InputError
+from linattn.validate import InputError, check_inputs
 
 LENGTHS = [0, 1, 37, 0, 64, 17, 100, 0]
 H, K, V = 2, 16, 16
@@ -185,9 +191,9 @@ def test_chunk_tables():
     assert p.chunk_indices.dtype == torch.int32 and p.chunk_offsets.dtype == torch.int64
 
 
-@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+@pytest.mark.parametrize("op", ["linear_attn", "gla", "delta_rule", "kda"])
 def test_bad_cu_seqlens_is_refused_before_any_launch(op, monkeypatch):
-    gate = "per_dim" if op == "gla" else None
+    gate = "per_dim" if op in ("gla", "kda") else None
     args, _, _ = make(op, gate)
     fn = fn_of(lt, op)
     launched = []
@@ -207,11 +213,13 @@ def test_bad_cu_seqlens_is_refused_before_any_launch(op, monkeypatch):
     assert not launched
 
 
-def test_cu_seqlens_and_inputs_are_not_written():
-    args, w_o, w_S = make("gla", "per_head", seed=2)
-    cu = cu_of()
+@pytest.mark.parametrize("op", ["gla", "kda"])
+def test_cu_seqlens_and_inputs_are_not_written(op):
+    lengths = [3, 0, 20]
+    args, w_o, w_S = make(op, "per_head", lengths=lengths, seed=2)
+    cu = cu_of(lengths)
     before = cu.clone(), {n: a.clone() for n, a in args.items()}
-    packed(lt.gla, args, cu, w_o, w_S, chunk_size=16)
+    packed(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=16)
     assert torch.equal(cu, before[0])
     assert all(torch.equal(args[n], before[1][n]) for n in args)
 
@@ -226,13 +234,105 @@ def test_dispatcher_and_custom_op_pass_cu_seqlens_to_triton():
     o_c, S_c = ops.call("gla", (args["q"], args["k"], args["v"], args["g"]), initial_state=args["initial_state"],
                         cu_seqlens=cu, level="triton", chunk_size=16)
     assert torch.equal(o, o_c) and torch.equal(S, S_c)
+    args, _, _ = make("delta_rule", None, lengths=[3, 0, 20], seed=4)
+    o, S = lt.delta_rule(**args, cu_seqlens=cu, output_final_state=True, chunk_size=16)
+    o_d, S_d = linattn.delta_rule(**args, cu_seqlens=cu, output_final_state=True, chunk_size=16, impl="triton")
+    assert torch.equal(o, o_d) and torch.equal(S, S_d)
+    o_c, S_c = ops.call("delta_rule", (args["q"], args["k"], args["v"], args["beta"]),
+                        initial_state=args["initial_state"], cu_seqlens=cu, level="triton", chunk_size=16)
+    assert torch.equal(o, o_c) and torch.equal(S, S_c)
 
 
-@pytest.mark.parametrize("op", ["delta_rule", "kda"])
-def test_delta_family_still_refuses_by_name(op):
-    args = testing.make_inputs(op, B=1, T=8, H=1, K=16, V=16)
-    with pytest.raises(InputError, match=rf"^cu_seqlens: linattn.triton.{op} does not take packed sequences"):
-        getattr(lt, op)(**args, cu_seqlens=torch.tensor([0, 3, 8]))
+DELTAS = [("delta_rule", None), ("kda", "per_head"), ("kda", "per_dim")]
+DELTA_IDS = ["delta", "gated_delta", "kda"]
+# (variant, chunk size, recompute, gate strength): DeltaNet and Gated DeltaNet at chunks of 16 and
+# 64, recompute True at one and False at the other; KDA at 64 both ways, and with strong gates
+# (down to −20 per token) at 16, where every chunk takes the exact factor kernel and the gate
+# backward's column walk. (KDA's normal gates at 16 cost the interpreter two minutes.)
+DELTA_RUNS = [(0, 16, True, "normal"), (0, 64, False, "normal"), (1, 16, False, "normal"),
+              (1, 64, True, "normal"), (2, 64, True, "normal"), (2, 64, False, "normal"),
+              (2, 16, False, "strong")]
+
+
+def make_delta(op, gate, strength="normal", seed=0):
+    """`make`'s packed inputs for the delta family, gates of the given strength."""
+    args, w_o, w_S = make(op, gate, seed=seed)
+    if gate is not None:
+        shape = args["g"].shape
+        args["g"] = testing.log_gates(shape, strength, generator=torch.Generator().manual_seed(seed + 7))
+    return args, w_o, w_S
+
+
+@functools.lru_cache(maxsize=None)
+def delta_reference(op, gate, C, strength):
+    """Each sequence alone through the Triton level (recomputed) for `make_delta`'s inputs."""
+    args, w_o, w_S = make_delta(op, gate, strength)
+    return alone(fn_of(lt, op), args, LENGTHS, w_o, w_S, chunk_size=C, recompute=True)
+
+
+@pytest.mark.parametrize("variant,C,recompute,strength", DELTA_RUNS,
+                         ids=[f"{DELTA_IDS[r[0]]}-{r[1]}-{r[2]}-{r[3]}" for r in DELTA_RUNS])
+def test_delta_packed_equals_each_sequence_alone(variant, C, recompute, strength):
+    op, gate = DELTAS[variant]
+    args, w_o, w_S = make_delta(op, gate, strength)
+    got = packed(fn_of(lt, op), args, cu_of(), w_o, w_S, chunk_size=C, recompute=recompute)
+    assert_same(got, delta_reference(op, gate, C, strength), 1e-6,
+                f"{op} {gate} C={C} recompute={recompute} {strength}")
+    assert set(got[2]) == set(args) and got[1].shape == (len(LENGTHS), H, K, V)
+    empty = [n for n, length in enumerate(LENGTHS) if length == 0]
+    assert torch.equal(got[1][empty], args["initial_state"][empty])
+    assert torch.equal(got[2]["initial_state"][empty], w_S[empty])
+
+
+def test_delta_packed_forward_without_autograd():
+    """The plain forward (no autograd.Function: the state pass writes Ṽ over U), KDA, chunks of 64,
+    with and without initial states; also Gated DeltaNet's stored W̃ taken back to W from each
+    chunk's first token within its sequence (wy.absolute_w) against each sequence's own."""
+    from linattn.triton import delta as tdelta
+    from linattn.triton import wy
+    op, gate = "kda", "per_dim"
+    args, _, _ = make(op, gate, seed=3)
+    cu = cu_of()
+    with testing.poisoned():
+        o, S = lt.kda(**args, cu_seqlens=cu, output_final_state=True, chunk_size=64)
+        o0, S0 = lt.kda(**{n: a for n, a in args.items() if n != "initial_state"}, cu_seqlens=cu, chunk_size=64)
+    b = bounds()
+    for n, (s, e) in enumerate(zip(b, b[1:])):
+        h0 = args["initial_state"][n:n + 1]
+        if s == e:
+            assert torch.equal(S[n:n + 1], h0)
+            continue
+        x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
+        o_n, S_n = lt.kda(**x, initial_state=h0, output_final_state=True, chunk_size=64)
+        assert testing.rel_err(o[:, s:e], o_n) <= 1e-6 and testing.rel_err(S[n:n + 1], S_n) <= 1e-6, (n, s, e)
+        assert testing.rel_err(o0[:, s:e], lt.kda(**x, chunk_size=64)[0]) <= 1e-6, (n, s, e)
+    assert S0 is None
+    # Gated DeltaNet's W̃ (wy_stage), packed and alone
+    args, _, _ = make("kda", "per_head", seed=4)
+    x = {n: a for n, a in args.items() if n != "initial_state"}
+    d = check_inputs(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], gate=True, delta=True)
+    p = tdelta.plan(x["q"], x["g"], d, 16, gated.packed(cu, bounds(), 16))
+    w = wy.absolute_w(tdelta.wy_stage(*(x[n] for n in ("q", "k", "v", "g", "beta")), p)["w"], x["g"], 16, cu)
+    for s, e in zip(b, b[1:]):
+        if s < e:
+            y = {n: a[:, s:e].contiguous() for n, a in x.items()}
+            p_n = tdelta.plan(y["q"], y["g"], check_inputs(
+                y["q"], y["k"], y["v"], g=y["g"], beta=y["beta"], gate=True, delta=True), 16)
+            w_n = wy.absolute_w(tdelta.wy_stage(*(y[n] for n in ("q", "k", "v", "g", "beta")), p_n)["w"], y["g"], 16)
+            assert testing.rel_err(w[:, s:e], w_n) <= 1e-6, (s, e)
+
+
+@pytest.mark.parametrize("op,gate", DELTAS, ids=DELTA_IDS)
+def test_delta_packed_against_the_chunk_level_in_float64(op, gate):
+    """Triton float32 against linattn.chunk with cu_seqlens in float64: float32's tolerances."""
+    args, w_o, w_S = make(op, gate, seed=5)
+    cu = cu_of()
+    got = packed(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=64)
+    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[F32]
+    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[F32]
+    for n in got[2]:
+        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[F32], n
 
 
 @pytest.mark.parametrize("name", ["linear", "gla"])

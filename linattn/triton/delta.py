@@ -21,6 +21,20 @@ Stage 2, `_state_kernel`, one program per (V-block, head), a loop over chunks: t
     Ṽ = U − W S, S ← e^{G_C} S + K̃ᵀ Ṽ; it stores every chunk's entering state and Ṽ.
 Stage 3, `_output_kernel`, one program per (V-block, chunk, head), fully parallel: O.
 Chunks of 16, 32 or 64 tokens (`linattn.support`).
+
+Packed sequences (`cu_seqlens`, linattn.packing: B = 1, N sequences back to back in the row) run in
+the same launches, one per kernel, as linear attention and GLA do (linattn/triton/gated.py, whose
+chunk tables `gated.Packed` and device helpers these kernels share): each sequence is chunked from
+its own start. A chunk-parallel kernel (stage 1, the output stage, the backward's per-chunk and
+gate kernels) reads (sequence n, chunk i within n) from chunk_indices [NT, 2] at its program id; a
+walk over the chunks (the state pass, the reverse pass) runs one program per (V-block, sequence,
+head) over that sequence's chunks. A program then moves its base pointers to the sequence's first
+token bos = cu_seqlens[n], masks by the sequence's length T_n, and runs the unpacked code. What is
+kept per chunk (the states [1, H, NT, K, V], the decays e^{G_C} [1, H, NT, K], KDA's flags) is
+indexed by the row's chunk, a sequence's from chunk_offsets[n] on; initial and final states are
+[N, H, K, V]. A chunk's first token (Gated DeltaNet's W̃ and decayed queries, wy.py) is its first
+token within its own sequence. The constexpr VARLEN selects that prologue, so the unpacked kernels
+compile exactly as without it. An empty sequence has no chunk: its final state is its initial state.
 The backward (an autograd.Function, used only when some input requires grad) is
 linattn/triton/delta_backward.py.
 """
@@ -34,10 +48,11 @@ import triton.language as tl
 
 from .. import outputs
 from ..naive.delta import check_keys
-from ..support import check_triton, refuse_packed
+from ..support import check_triton
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, kernel,
                      launch, num_sms, tile)
+from .gated import _packed_chunk, _packed_seq, check_packed, packed_args, row_chunks
 from .wy import SUB, absolute_w, factor_stage, first_gate, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/performance.md.
@@ -73,34 +88,38 @@ def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_st
     """DeltaNet on the GPU: S_t = S_{t-1} + β_t k_tᵀ (v_t − k_t S_{t-1}), o_t = scale · q_t S_t.
 
     Differentiable (linattn/triton/delta_backward.py); recompute=False keeps the forward's chunk
-    factors and states for the backward instead of recomputing them (more memory, less work)."""
-    refuse_packed("delta_rule", cu_seqlens)
-    d = check_inputs(q, k, v, beta=beta, scale=scale, initial_state=initial_state, delta=True)
+    factors and states for the backward instead of recomputing them (more memory, less work).
+
+    cu_seqlens: packed sequences (docs/packed_sequences.md): q [1, T, H, K] holds N sequences,
+    initial and final states are [N, H, K, V]; one launch per kernel indexes them (module doc)."""
+    d = check_inputs(q, k, v, beta=beta, scale=scale,
+                     initial_state=None if cu_seqlens is not None else initial_state, delta=True)
     check_triton("delta_rule", q, d.K, d.V, chunk_size)
     check_keys(k, beta)
-    return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute)
+    seqs = check_packed(cu_seqlens, d, q, initial_state, chunk_size)
+    return _run(q, k, v, None, beta, d, initial_state, output_final_state, chunk_size, recompute, seqs)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
         chunk_size=64, recompute=True, cu_seqlens=None):
     """KDA (g [B,T,H,K]) or Gated DeltaNet (g [B,T,H]) on the GPU:
     S_t = D_t S_{t-1} + β_t k_tᵀ (v_t − k_t D_t S_{t-1}), D_t = diag(exp g_t).
-    Differentiable; `recompute` as in `delta_rule`."""
-    refuse_packed("kda", cu_seqlens)
-    d = check_inputs(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-                     gate=True, delta=True)
+    Differentiable; `recompute` and `cu_seqlens` as in `delta_rule`."""
+    d = check_inputs(q, k, v, g=g, beta=beta, scale=scale,
+                     initial_state=None if cu_seqlens is not None else initial_state, gate=True, delta=True)
     check_triton("kda", q, d.K, d.V, chunk_size)
     check_keys(k, beta)
-    return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute)
+    seqs = check_packed(cu_seqlens, d, q, initial_state, chunk_size)
+    return _run(q, k, v, g, beta, d, initial_state, output_final_state, chunk_size, recompute, seqs)
 
 
-def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
+def _run(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute, seqs=None):
     """The plain forward, or the autograd.Function when autograd will ask for gradients."""
     from . import delta_backward  # it builds on this module's stages
     if delta_backward.needs_backward(q, k, v, g, beta, initial_state):
         return delta_backward.apply(q, k, v, g, beta, d, initial_state, output_final_state, C,
-                                    recompute)
-    return _forward(q, k, v, g, beta, d, initial_state, output_final_state, C)
+                                    recompute, seqs)
+    return _forward(q, k, v, g, beta, d, initial_state, output_final_state, C, seqs)
 
 
 # ---------------------------------------------------------------- host side
@@ -114,7 +133,7 @@ class Plan:
     K: int
     V: int
     C: int
-    NT: int          # chunks per sequence, the last one possibly partial
+    NT: int          # chunks per sequence, the last one possibly partial (packed: of the row)
     gate: int        # 0 DeltaNet, 1 one log-decay per head (Gated DeltaNet), 2 per key dim (KDA)
     scale: float
     cdt: object      # tile dtype for tl.dot (tl.float32 under the interpreter)
@@ -122,36 +141,48 @@ class Plan:
     work: torch.dtype  # dtype of the tensors handed from stage to stage
     BK: int
     device: torch.device
+    seqs: object = None  # gated.Packed for packed sequences (B = 1), else None
+
+    @property
+    def N(self) -> int:
+        """Rows, or packed sequences: the first axis of initial and final states."""
+        return self.B if self.seqs is None else self.seqs.N
+
+    def packed(self, *names) -> dict:
+        """Keyword arguments of a launch indexing packed sequences (`gated.packed_args`)."""
+        return packed_args(self.seqs, *names)
 
 
-def plan(q, g, d, C) -> Plan:
+def plan(q, g, d, C, seqs=None) -> Plan:
+    """seqs: `gated.Packed` of packed sequences (`gated.check_packed`), else None."""
     check_kernel_inputs(q)
     cdt = compute_dtype(q.dtype)
     ieee = cdt == tl.float32
-    return Plan(d.B, d.T, d.H, d.K, d.V, C, triton.cdiv(d.T, C),
+    return Plan(d.B, d.T, d.H, d.K, d.V, C, row_chunks(d.T, C, seqs),
                 0 if g is None else (1 if g.dim() == 3 else 2), d.scale, cdt, ieee,
-                torch.float32 if ieee else q.dtype, block(d.K), q.device)
+                torch.float32 if ieee else q.dtype, block(d.K), q.device, seqs)
 
 
 def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = False, g=None):
     """Stage 2, one program per (V-block, head) walking the chunks in order: Ṽ = U − W S,
     S ← e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ Ṽ (Gated DeltaNet: W S = e^{G_0} W̃ S, g its per-head
     log-gates [B,T,H], see linattn/triton/wy.py). Returns (states [B,H,NT,K,V] entering each chunk,
-    Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None). over_u: Ṽ is written over U (each
+    Ṽ [B,T,H,V], final state [B,H,K,V] float32 or None; packed: one program per (V-block, sequence,
+    head), h0 and the final state [N,H,K,V], the states [1,H,NT,K,V] over the row's chunks). over_u: Ṽ is written over U (each
     program reads a block of U once, then writes Ṽ to the same place), saving a [B,T,H,V] buffer
     when nothing reads U afterwards."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     hs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     vnew = wy["u"] if over_u else outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
-    ht = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
-    BV = state_block(V, B * H)
+    ht = outputs.empty((p.N, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
+    BV = state_block(V, p.N * H)
     launch(
-        _state_kernel, (triton.cdiv(V, BV), B * H),
+        _state_kernel, (triton.cdiv(V, BV), p.N * H),
         wy["kd"], wy["dl"] if p.gate else hs, g if p.gate == 1 else hs, wy["w"], wy["u"],
         hs if h0 is None else h0, hs, vnew, hs if ht is None else ht, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, num_warps=TUNING["warps_state"],
-        max_stages=state_stages(p))
+        max_stages=state_stages(p), **p.packed("cu_seqlens", "chunk_offsets"))
     return hs, vnew, ht
 
 
@@ -177,12 +208,12 @@ def output_stage(q, wy: dict, hs, vnew, p: Plan, out_dtype, g=None):
         _output_kernel, (triton.cdiv(p.V, BV), p.NT, p.B * p.H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, hs, wy["aqk"], vnew, o, p.scale, p.T, p.NT,
         H=p.H, K=p.K, V=p.V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        num_warps=TUNING["warps_out"])
+        num_warps=TUNING["warps_out"], **p.packed("cu_seqlens", "chunk_indices"))
     return o
 
 
-def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C):
-    p = plan(q, g, d, C)
+def _forward(q, k, v, g, beta, d, initial_state, output_final_state, C, seqs=None):
+    p = plan(q, g, d, C, seqs)
     q, k, v, g, beta = contiguous(q, k, v, g, beta)
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
     wy, hs, vnew, ht = factors_and_states(q, k, v, g, beta, h0, p, output_final_state, keep=False)
@@ -219,9 +250,22 @@ def _mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
                   V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
+                  VARLEN: tl.constexpr = False):
     iv, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    NT_n = NT                                       # this program's chunks
+    if VARLEN:
+        # packed (B = 1, NT the row's chunks): program bh = (sequence b, head h), h0 and ht
+        # [N, H, K, V]; hs [1, H, NT, K, V] and dl [1, H, NT, K] hold this sequence's NT_n chunks
+        # from chunk_offsets[b] on. Then bh = h indexes the row's head h in each.
+        bos, T = _packed_seq(cu_seqlens, b)
+        kd, g, w, u, vnew = kd + bos * H * K, g + bos * H, w + bos * H * K, u + bos * H * V, vnew + bos * H * V
+        c0 = tl.load(chunk_offsets + b)
+        hs, dl = hs + c0 * K * V, dl + c0 * K
+        h0, ht = h0 + b.to(tl.int64) * H * K * V, ht + b.to(tl.int64) * H * K * V
+        NT_n = tl.cdiv(T, C)
+        bh, b = h, 0
     dk = tl.arange(0, BK)
     dv = iv * BV + tl.arange(0, BV)
     ms = (dk[:, None] < K) & (dv[None, :] < V)
@@ -233,11 +277,17 @@ def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
     # Gated DeltaNet's e^{G_0} (W = e^{G_0} W̃, linattn/triton/wy.py) likewise.
     dl_n = tl.zeros((BK,), dtype=tl.float32)                                     # [BK]
     f_n = 1.0
-    if GATE > 0:
-        dl_n = tl.load(dl + bh.to(tl.int64) * NT * K + dk, mask=dk < K, other=0.0)
-    if GATE == 1:
-        f_n = first_gate(g, (b * T).to(tl.int64) * H + h)
-    for n in range(NT):
+    if VARLEN:              # an empty sequence has no chunk to read these from
+        if GATE > 0:
+            dl_n = tl.load(dl + bh.to(tl.int64) * NT * K + dk, mask=(dk < K) & (NT_n > 0), other=0.0)
+        if GATE == 1:
+            f_n = tl.exp(gate_floor(tl.load(g + h, mask=NT_n > 0, other=0.0)))
+    else:
+        if GATE > 0:
+            dl_n = tl.load(dl + bh.to(tl.int64) * NT * K + dk, mask=dk < K, other=0.0)
+        if GATE == 1:
+            f_n = first_gate(g, (b * T).to(tl.int64) * H + h)
+    for n in range(NT_n):
         # the state entering chunk n, for the output stage
         hn = hs + (bh.to(tl.int64) * NT + n) * K * V
         tl.store(hn + dk[:, None] * V + dv[None, :], S.to(hs.dtype.element_ty), mask=ms)
@@ -254,7 +304,7 @@ def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         WS = _mm(Wt, S, DT, IEEE)                                                 # [C, BV] W̃ S
         if GATE == 1:
             WS = WS * f_n                                                         # W = e^{G_0} W̃
-            f_n = tl.exp(gate_floor(tl.load(g + r0 + C * H, mask=n + 1 < NT, other=0.0)))
+            f_n = tl.exp(gate_floor(tl.load(g + r0 + C * H, mask=n + 1 < NT_n, other=0.0)))
         Vt = Ut - WS                                                              # [C, BV] Ṽ
         tl.store(vnew + r0 * V + (row[:, None] * V + dv[None, :]), Vt.to(vnew.dtype.element_ty), mask=mv)
         # K ⊙ e^{G_C − G} (just K for DeltaNet) and the decay e^{G_C} across the chunk, from stage 1
@@ -262,7 +312,7 @@ def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
         kt = tl.load(kd + r0 * K + (row[:, None] * K + dk[None, :]), mask=mk, other=0.0)
         if GATE > 0:
             S = S * dl_n[:, None]
-            dl_n = tl.load(dl + (bh.to(tl.int64) * NT + n + 1) * K + dk, mask=(dk < K) & (n + 1 < NT), other=0.0)
+            dl_n = tl.load(dl + (bh.to(tl.int64) * NT + n + 1) * K + dk, mask=(dk < K) & (n + 1 < NT_n), other=0.0)
         S += _mm(tl.trans(kt), Vt, DT, IEEE)                                      # [BK, BV]
     if STORE_HT:
         tl.store(ht + bh.to(tl.int64) * K * V + dk[:, None] * V + dv[None, :], S, mask=ms)
@@ -271,9 +321,14 @@ def _state_kernel(kd, dl, g, w, u, h0, hs, vnew, ht, T, NT, H, K: tl.constexpr,
 @kernel
 def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, cu_seqlens=None,
+                   chunk_indices=None, VARLEN: tl.constexpr = False):
     iv, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
+    nc = n                  # hs's chunk (packed: the row's, hs [1, H, NT, K, V])
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        q, g, aqk, vnew, o = q + bos * H * K, g + bos * H, aqk + bos * H * C, vnew + bos * H * V, o + bos * H * V
     t = n * C + tl.arange(0, C)
     tm = t < T
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
@@ -292,7 +347,7 @@ def _output_kernel(q, g, hs, aqk, vnew, o, scale, T, NT, H, K: tl.constexpr,
         G1 = tl.cumsum(tl.where(jc0 == 0, 0.0, gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))),
                        axis=0)                                                    # [C]
         qt = qt * (tl.exp(G1) * scale)[:, None]
-    hn = hs + (bh.to(tl.int64) * NT + n) * K * V
+    hn = hs + (bh.to(tl.int64) * NT + nc) * K * V
     S = tl.load(hn + dk[:, None] * V + dv[None, :], mask=(dk[:, None] < K) & (dv[None, :] < V),
                 other=0.0)                                                        # [BK, BV]
     jc = tl.arange(0, C)

@@ -29,6 +29,12 @@ inputs natively multiply as three tf32 products (`wy_backward.mm`); intermediate
 the backward's kernels are float32, except the state gradients, kept in the dtype the forward keeps
 its states in (bf16 inputs: half the backward's largest buffer). Each intermediate is dropped once
 no later step reads it.
+
+Packed sequences: as in the forward (linattn/triton/delta.py's module doc). The reverse pass runs
+one program per (V-block, sequence, head) over that sequence's chunks, the state gradients
+[1, H, NT, K, V] over the row's chunks; dS_0 and the final state's gradient are [N, H, K, V], and
+an empty sequence passes its final state's gradient to its initial state unchanged. The per-chunk
+kernel takes (sequence, chunk within it) from chunk_indices.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from .. import outputs
 from ..validate import first_order
 from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
+from .gated import _packed_chunk, _packed_seq
 from .wy import first_gate
 from .wy_backward import gate_stage, mm, precise
 
@@ -68,17 +75,18 @@ def needs_backward(*xs) -> bool:
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
-def apply(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute):
-    """(o, final state) through the autograd.Function; the final state exists only if asked for."""
+def apply(q, k, v, g, beta, d, initial_state, output_final_state, C, recompute, seqs=None):
+    """(o, final state) through the autograd.Function; the final state exists only if asked for.
+    seqs: `gated.Packed` for packed sequences, else None."""
     o, ht = _DeltaFunction.apply(q, k, v, g, beta, initial_state, d, C, bool(output_final_state),
-                                 bool(recompute))
+                                 bool(recompute), seqs)
     return o, (ht if output_final_state else None)
 
 
 class _DeltaFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0_in, d, C, output_final_state, recompute):
-        p = plan(q, g, d, C)
+    def forward(ctx, q, k, v, g, beta, h0_in, d, C, output_final_state, recompute, seqs):
+        p = plan(q, g, d, C, seqs)
         q, k, v, g, beta = contiguous(q, k, v, g, beta)
         h0 = None if h0_in is None else h0_in.to(torch.float32).contiguous()
         # recompute: the forward frees its intermediates as the plain forward does; keep: the
@@ -103,7 +111,7 @@ class _DeltaFunction(torch.autograd.Function):
         dht = dht if dht is not None and dht.dim() == 4 else None
         dq, dk, dv, dg, dbeta, dh0 = backward(q, k, v, g, beta, h0, do, dht, ctx.p, keep=keep)
         dh0 = dh0.to(ctx.dtypes[0]) if ctx.has_h0 else None
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
 
 
 def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
@@ -136,20 +144,20 @@ def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
 def dstate_stage(q, g, wy, do, dht, p):
     """Step 2: dS entering the next chunk for every chunk [B,H,NT,K,V] (in the dtype the forward
     keeps its states in: the largest buffer of the backward), dṼ [B,T,H,V] and dS_0 [B,H,K,V]
-    float32."""
+    float32 (packed: [N,H,K,V], as dht)."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     dhs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
-    dh0 = outputs.empty((B, H, K, V), dtype=torch.float32, device=p.device)
+    dh0 = outputs.empty((p.N, H, K, V), dtype=torch.float32, device=p.device)
     BV = tile(V, TUNING["bv_state"])
-    launch(_dstate_kernel, (triton.cdiv(V, BV), B * H),
+    launch(_dstate_kernel, (triton.cdiv(V, BV), p.N * H),
         wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), HAS_DHT=dht is not None,
         num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV),
-        max_stages=dstate_stages(p))
+        max_stages=dstate_stages(p), **p.packed("cu_seqlens", "chunk_offsets"))
     return dhs, dvnew, dh0
 
 
@@ -179,7 +187,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
         v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV))
+        X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
     return grads, dv, db_v
 
 
@@ -189,9 +197,23 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
 def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                   X3: tl.constexpr, HAS_DHT: tl.constexpr):
+                   X3: tl.constexpr, HAS_DHT: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
+                   VARLEN: tl.constexpr = False):
     iv, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    NT_n = NT                                       # this program's chunks
+    if VARLEN:
+        # packed (B = 1, NT the row's chunks): program bh = (sequence b, head h), dht and dh0
+        # [N, H, K, V]; dhs [1, H, NT, K, V] and dl [1, H, NT, K] hold this sequence's NT_n chunks
+        # from chunk_offsets[b] on. Then bh = h indexes the row's head h in each.
+        bos, T = _packed_seq(cu_seqlens, b)
+        qs, g, kd, w, aqk = qs + bos * H * K, g + bos * H, kd + bos * H * K, w + bos * H * K, aqk + bos * H * C
+        do, dvnew = do + bos * H * V, dvnew + bos * H * V
+        c0 = tl.load(chunk_offsets + b)
+        dhs, dl = dhs + c0 * K * V, dl + c0 * K
+        dht, dh0 = dht + b.to(tl.int64) * H * K * V, dh0 + b.to(tl.int64) * H * K * V
+        NT_n = tl.cdiv(T, C)
+        bh, b = h, 0
     dk = tl.arange(0, BK)
     dv = iv * BV + tl.arange(0, BV)
     ms = (dk[:, None] < K) & (dv[None, :] < V)
@@ -201,8 +223,8 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
         dS = tl.load(dht + bh.to(tl.int64) * K * V + offs, mask=ms, other=0.0)
     jc = tl.arange(0, C)
     row = jc * H
-    for i in range(NT):
-        n = NT - 1 - i
+    for i in range(NT_n):
+        n = NT_n - 1 - i
         # the gradient of the state leaving chunk n, for step 3
         tl.store(dhs + (bh.to(tl.int64) * NT + n) * K * V + offs, dS.to(dhs.dtype.element_ty), mask=ms)
         tm = n * C + jc < T
@@ -238,9 +260,17 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
 def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
                    dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
-                   IEEE: tl.constexpr, X3: tl.constexpr):
+                   IEEE: tl.constexpr, X3: tl.constexpr, cu_seqlens=None, chunk_indices=None,
+                   VARLEN: tl.constexpr = False):
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    nc = n                  # hs's, dhs's and ddl's chunk (packed: the row's)
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        rk, rv, rc = bos * H * K, bos * H * V, bos * H * C
+        v, g, beta, ai, u, w, vnew = v + rv, g + bos * H, beta + bos * H, ai + rc, u + rv, w + rk, vnew + rv
+        dvnew, do, dqs, dkd, dbk, da, daqk = dvnew + rv, do + rv, dqs + rk, dkd + rk, dbk + rk, da + rc, daqk + rc
+        dv_out, db_v = dv_out + rv, db_v + bos * H
     jc = tl.arange(0, C)
     tm = n * C + jc < T
     r0 = (b * T + n * C).to(tl.int64) * H + h
@@ -251,7 +281,7 @@ def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk
     offc = r0 * C + (row[:, None] * C + jc[None, :])                              # [C, C]
     Ti = tl.load(ai + offc, mask=tm[:, None], other=0.0)                          # [C, C] 𝒯, float32
     bt = tl.load(beta + r0 + row, mask=tm, other=0.0).to(tl.float32)              # [C]
-    st = (bh.to(tl.int64) * NT + n) * K * V                                       # S_n, dS_{n+1}
+    st = (bh.to(tl.int64) * NT + nc) * K * V                                      # S_n, dS_{n+1}
     dQs = tl.zeros((C, BK), dtype=tl.float32)
     dKd = tl.zeros((C, BK), dtype=tl.float32)
     dW = tl.zeros((C, BK), dtype=tl.float32)
@@ -296,4 +326,4 @@ def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk
     tl.store(daqk + offc, dAqk, mask=tm[:, None])
     tl.store(db_v + r0 + row, dbv, mask=tm)
     if GATE > 0:
-        tl.store(ddl + (bh.to(tl.int64) * NT + n) * K + dk, dDl, mask=dk < K)
+        tl.store(ddl + (bh.to(tl.int64) * NT + nc) * K + dk, dDl, mask=dk < K)

@@ -42,6 +42,11 @@ kept a few bits of the initial state's gradient, which it alone makes (natively,
 error 0.62 in fp16, Gated DeltaNet with log-gates near −15). A per-head gate makes e^{G_0} one
 number per chunk; KDA's per-dimension factors would need one per key dimension and stay in the
 operands.
+
+Packed sequences (linattn/triton/delta.py's module doc): every kernel here is chunk-parallel and
+takes (sequence, chunk within it) from chunk_indices at its program id (VARLEN), so a chunk's first
+token is its first token within its own sequence; the per-chunk outputs (e^{G_C}, KDA's flags)
+are indexed by the row's chunk.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
+from .gated import _packed_chunk
 from .common import GATE_FLOOR, SPLIT_RANGE, block, dot, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
 from .common import split_dtype as operand_dtype
 
@@ -101,16 +107,21 @@ def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
         # launch: fewer pipeline stages where the GPU has less shared memory (common.launch)
         launch(
             _kda_split_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, **split_dtype(p), DT=p.cdt,
-            IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"])
+            IEEE=p.ieee, PREC=inverse_precision(p), num_warps=TUNING["warps_split"], **_packed(p))
         launch(
             _kda_exact_kernel, (p.NT, p.B * p.H), *args, K=p.K, C=p.C, BK=p.BK, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
-            num_warps=TUNING["warps_exact"])
+            num_warps=TUNING["warps_exact"], **_packed(p))
         return dict(s, aqk=aqk, ai=ai, exact=exact.view(p.B, p.H, p.NT))
     launch(
         _factor_kernel, (p.NT, p.B * p.H), q, k, g if p.gate else q, beta, aqk, ai, p.scale, p.T, p.H,
         K=p.K, C=p.C, BK=p.BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee, PREC=inverse_precision(p),
-        num_warps=TUNING["warps_factor"])
+        num_warps=TUNING["warps_factor"], **_packed(p))
     return dict(aqk=aqk, ai=ai)
+
+
+def _packed(p) -> dict:
+    """Launch keywords of a chunk-parallel kernel for packed sequences (none without)."""
+    return p.packed("cu_seqlens", "chunk_indices")
 
 
 def _key_outputs(k, p) -> dict:
@@ -135,7 +146,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     launch(
         _wu_kernel, (p.NT, p.B * p.H, 1 if p.gate == 2 else 2), k, v, g if p.gate == 1 else k, beta, ai, w, u, kd, u if dl is None else dl, p.T, p.NT, p.H,
         K=p.K, V=p.V, C=p.C, BK=p.BK, BV=min(block(p.V), 64), GATE=p.gate, DT=p.cdt,
-        IEEE=p.ieee, U_ONLY=p.gate == 2, num_warps=TUNING["warps_wu"])
+        IEEE=p.ieee, U_ONLY=p.gate == 2, num_warps=TUNING["warps_wu"], **_packed(p))
     return dict(s, u=u)
 
 
@@ -146,12 +157,18 @@ def wy_stage(q, k, v, g, beta, p) -> dict:
     return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
-def absolute_w(w, g, C: int):
+def absolute_w(w, g, C: int, cu_seqlens=None):
     """W from the stored W̃ of Gated DeltaNet (per-head g [B,T,H]): e^{G_0} W̃ per chunk, in float32
-    or float64 (w's own if wider); w itself for the other variants (see the module doc)."""
+    or float64 (w's own if wider); w itself for the other variants (see the module doc).
+    cu_seqlens: packed sequences, each chunked from its own start."""
     if g is None or g.dim() != 3:
         return w
     w = w.to(torch.promote_types(w.dtype, torch.float32))
+    if cu_seqlens is not None:
+        t = torch.arange(g.shape[1], device=g.device)
+        bos = cu_seqlens[torch.searchsorted(cu_seqlens, t, right=True) - 1]  # each token's sequence start
+        first = g[:, bos + (t - bos) // C * C].to(w.dtype).clamp(min=GATE_FLOOR.value)  # [1, T, H] its G_0
+        return w * first.exp()[..., None]
     first = g[:, ::C].to(w.dtype).clamp(min=GATE_FLOOR.value)                 # [B, NT, H] G_0
     return w * first.exp().repeat_interleave(C, dim=1)[:, :w.shape[1], :, None]
 
@@ -385,10 +402,14 @@ def _kkt_block(ki, kj, bi, Gi, Gj, DIAG: tl.constexpr, GATE: tl.constexpr, IEEE:
 @kernel
 def _factor_kernel(q, k, g, beta, aqk, ai, scale, T, H, K: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                   PREC: tl.constexpr):
+                   PREC: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     """DeltaNet / Gated DeltaNet: Aqk and 𝒯 of one (chunk, head); A stays in registers."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        q, k, g, beta = q + bos * H * K, k + bos * H * K, g + bos * H, beta + bos * H
+        aqk, ai = aqk + bos * H * C, ai + bos * H * C
     t = n * C + tl.arange(0, C)
     tm = t < T
     # pointers to the chunk's first token of this head, then 32-bit offsets inside the chunk
@@ -480,7 +501,8 @@ def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
 @kernel
 def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr,
-                      RND: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
+                      RND: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr,
+                      cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     """KDA, the common case: one (chunk, head) whose gates decay by less than e^{−DIAG_DOT_RANGE}
     over the chunk in every key dim. Then e^{G_i − G_j} = e^{G_i} · e^{−G_j} with both factors
     in range, so each 16×16 block of A and Aqk is one product of K ⊙ e^G (or Q ⊙ e^G) with
@@ -492,6 +514,11 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     products for bf16 and fp16 inputs, exact ones for float32."""
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    nc = n                  # dl's and exact's chunk (packed: the row's)
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        q, k, g, beta, w, qg, kd = _packed_rows(q, k, g, beta, w, qg, kd, bos, H, K)
+        aqk, ai = aqk + bos * H * C, ai + bos * H * C
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
     aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
@@ -532,23 +559,36 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     _store_rows(kd, kr2.to(tl.float32) * eC[None, :], 2, n, T, H, K, C, BK)
     _store_rows(kd, kr3.to(tl.float32) * eC[None, :], 3, n, T, H, K, C, BK)
     dk = tl.arange(0, BK)
-    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, eC, mask=dk < K)
-    tl.store(exact + bh.to(tl.int64) * NT + n, (tl.max(-P, axis=0) >= DIAG_DOT_RANGE).to(tl.int32))
+    tl.store(dl + (bh.to(tl.int64) * NT + nc) * K + dk, eC, mask=dk < K)
+    tl.store(exact + bh.to(tl.int64) * NT + nc, (tl.max(-P, axis=0) >= DIAG_DOT_RANGE).to(tl.int32))
 
 
 @kernel
 def _kda_exact_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
-                      IEEE: tl.constexpr, PREC: tl.constexpr):
+                      IEEE: tl.constexpr, PREC: tl.constexpr, cu_seqlens=None, chunk_indices=None,
+                      VARLEN: tl.constexpr = False):
     """KDA, any gates: redoes the chunks `_kda_split_kernel` flagged (the others return at once)."""
     n, bh = tl.program_id(0), tl.program_id(1)
     if tl.load(exact + bh.to(tl.int64) * NT + n) != 0:
-        _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K, C, BK, DT,
+        nc = n              # dl's chunk (packed: the row's)
+        if VARLEN:          # packed (B = 1): the row's chunk n is chunk n of its sequence
+            n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+            q, k, g, beta, w, qg, kd = _packed_rows(q, k, g, beta, w, qg, kd, bos, H, K)
+            aqk, ai = aqk + bos * H * C, ai + bos * H * C
+        _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, nc, bh, T, NT, H, K, C, BK, DT,
                     IEEE, PREC)
 
 
 @triton.jit
-def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K: tl.constexpr,
+def _packed_rows(q, k, g, beta, w, qg, kd, bos, H, K: tl.constexpr):
+    """KDA's per-token inputs and outputs moved to token bos of their packed row."""
+    return (q + bos * H * K, k + bos * H * K, g + bos * H * K, beta + bos * H, w + bos * H * K,
+            qg + bos * H * K, kd + bos * H * K)
+
+
+@triton.jit
+def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, nc, bh, T, NT, H, K: tl.constexpr,
                 C: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
                 PREC: tl.constexpr):
     """What `_kda_split_kernel` gives, for one (chunk, head) with gates of any strength.
@@ -556,7 +596,8 @@ def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K
     Decays by 16-row blocks, every exponent ≤ 0: a block's rows to its start (e^{Gl}), its keys
     to its end (u = K ⊙ e^{s − Gl}), and between blocks the block totals s_m. Two passes over
     the four blocks: the scores, then (after the inversion) the key-side outputs, which reload
-    the rows rather than hold them: holding them spilled registers."""
+    the rows rather than hold them: holding them spilled registers. n: the chunk within its
+    sequence, nc: dl's chunk (the same unless packed)."""
     b, h = bh // H, bh % H
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
@@ -589,7 +630,7 @@ def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K
     _store_lower(ai, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, n, T, H, C)
     # pass 2: K ⊙ e^{G_C − G}, scale · Q ⊙ e^G, and W = 𝒯 (β K ⊙ e^G) block row by block row
     dk = tl.arange(0, BK)
-    tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk, tl.exp(s0 + s1 + s2 + s3), mask=dk < K)
+    tl.store(dl + (bh.to(tl.int64) * NT + nc) * K + dk, tl.exp(s0 + s1 + s2 + s3), mask=dk < K)
     y0 = _kda_key_rows(q, k, g, beta, kd, qg, one, tl.exp(s1 + s2 + s3), scale, 0, n, T, H, K, C,
                        BK, DT)
     _store_rows(w, dot(T00.to(DT), y0, IEEE), 0, n, T, H, K, C, BK)
@@ -609,7 +650,8 @@ def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, bh, T, NT, H, K
 @kernel
 def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, U_ONLY: tl.constexpr):
+               GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, U_ONLY: tl.constexpr,
+               cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     # grid axis 2 splits the work in two programs of similar size: part 0 everything that reads
     # K and the gates (W and the state pass's decays), part 1 all of U, V-block by V-block,
     # reading 𝒯 once. KDA's factor kernel does part 0 itself (U_ONLY: one program, part 1).
@@ -618,6 +660,11 @@ def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
     n, bh = tl.program_id(0), tl.program_id(1)
     part = 1 if U_ONLY else tl.program_id(2)
     b, h = bh // H, bh % H
+    nc = n                  # dl's chunk (packed: the row's)
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        k, v, g, beta, ai = k + bos * H * K, v + bos * H * V, g + bos * H, beta + bos * H, ai + bos * H * C
+        w, u, kd = w + bos * H * K, u + bos * H * V, kd + bos * H * K
     t = n * C + tl.arange(0, C)
     tm = t < T
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
@@ -635,7 +682,7 @@ def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
             Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                         # [C, BV]
             tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
     else:
-        _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
+        _w_part(k, g, ai, bt, w, kd, dl, row, t, nc, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
 
 
 @triton.jit

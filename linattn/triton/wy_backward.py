@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .. import outputs
 from .common import dot, gate_floor, interpreting, kernel, launch, operand, warps
+from .gated import _packed_chunk
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
@@ -83,7 +84,8 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), **split_dtype(p), num_warps=warps(TUNING["warps"], BK))
+        X3=precise(p), **split_dtype(p), num_warps=warps(TUNING["warps"], BK),
+        **p.packed("cu_seqlens", "chunk_indices"))
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
     return dq, dk, (dg if p.gate else None), db
@@ -93,9 +95,19 @@ def gate_stage(q, k, g, beta, grads: dict, p):
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
                  DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr,
-                 RND: tl.constexpr):
+                 RND: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
+    nc = n                  # ddl's chunk (packed: the row's)
+    if VARLEN:              # packed (B = 1): the row's chunk n is chunk n of its sequence
+        n, bos, T = _packed_chunk(cu_seqlens, chunk_indices, n)
+        rk, rc = bos * H * K, bos * H * C
+        q, k, beta, dqs, dkd, dbk, da, daqk = q + rk, k + rk, beta + bos * H, dqs + rk, dkd + rk, dbk + rk, da + rc, daqk + rc
+        dq, dk, db = dq + rk, dk + rk, db + bos * H
+        if GATE == 2:       # per-dimension gates and their gradient [1, T, H, K]
+            g, dg = g + rk, dg + rk
+        else:               # per-head: [1, T, H] and the partial sums [NK, 1, T, H]
+            g, dg = g + bos * H, dg + bos * H
     jc = tl.arange(0, C)
     t = n * C + jc
     tm = t < T
@@ -165,7 +177,7 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         mkk = dk_ < K
         dl = tl.exp(GC)
         dGC = tl.sum(kt * tail * dKd, axis=0) + dl * tl.load(
-            ddl + (bh.to(tl.int64) * NT + n) * K + dk_, mask=mkk, other=0.0)     # [BK]
+            ddl + (bh.to(tl.int64) * NT + nc) * K + dk_, mask=mkk, other=0.0)    # [BK]
         dgt = tl.cumsum(dG, axis=0, reverse=True) + dGC[None, :]
         if GATE == 2:
             tl.store(dg + offk, dgt.to(dg.dtype.element_ty), mask=mk)
