@@ -453,11 +453,11 @@ assert testing.rel_err(o_sched, o_cl) < TOL
 # The remaining imbalance is the state pass. Two ways out, both in this book: split a long
 # sequence's walk with the affine scan of chapter 08 (each piece's map $S \mapsto S + \sum k^\top v$
 # composes associatively), or accept the one long walk when it is short next to the output pass.
-# The library's Triton linear attention and GLA index packed rows this way, one launch per kernel
-# forward and backward: a table like `chunk_index` for the kernels parallel over chunks, one
-# program per (sequence, head) over its own chunks for the state pass, and each sequence's first
-# chunk to find its states (`linattn/triton/gated.py`). The Triton DeltaNet and KDA still refuse
-# `cu_seqlens` by name, and the naive and chunk levels run each sequence as its own call
+# The library's Triton kernels (linear attention, GLA, DeltaNet, Gated DeltaNet, KDA) index packed
+# rows this way, one launch per kernel forward and backward: a table like `chunk_index` for the
+# kernels parallel over chunks, one program per (sequence, head) over its own chunks for the state
+# pass, and each sequence's first chunk to find its states (`linattn/triton/gated.py`,
+# `linattn/triton/delta.py`); the naive and chunk levels run each sequence as its own call
 # (`docs/packed_sequences.md`).
 #
 # ## 4. Packed against padded, measured
