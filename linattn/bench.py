@@ -220,8 +220,9 @@ def library_call(op: str, level: str, args: dict, **kw):
     return call
 
 
-def fla_call(op: str, args: dict):
-    """A callable running FLA's chunk kernel for `op` on `args`, or None when fla is not importable."""
+def fla_fn(op: str):
+    """FLA's chunk kernel for `op` (a function of the library's keyword arguments), or None when fla
+    is not importable or has no such kernel."""
     try:
         import fla.ops as ops
     except ImportError:
@@ -230,7 +231,43 @@ def fla_call(op: str, args: dict):
     if fn is None:
         return None
     kw = {"normalize": False} if op == "linear_attn" else {}
-    return lambda: fn(**args, **kw)
+    return lambda **a: fn(**a, **kw)
+
+
+def fla_call(op: str, args: dict, **kw):
+    """A callable running FLA's chunk kernel for `op` on `args` (and `kw`, e.g. cu_seqlens), or None."""
+    fn = fla_fn(op)
+    return None if fn is None else (lambda: fn(**args, **kw))
+
+
+def train_call(fn, args, **kw):
+    """A no-argument callable: forward fn(**args, **kw), then the backward of <o, dO> for every
+    floating input (torch.autograd.grad: nothing accumulates into .grad between runs)."""
+    inputs = {n: a.detach().requires_grad_(True) for n, a in args.items()
+              if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    others = {n: a for n, a in args.items() if n not in inputs}
+    o = fn(**inputs, **others, **kw)[0]
+    gen = torch.Generator(device=o.device).manual_seed(0)      # one dO for every implementation
+    do = torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype)
+
+    def call():
+        out = fn(**inputs, **others, **kw)[0]
+        return torch.autograd.grad(out, list(inputs.values()), do)
+    return call
+
+
+def timed(row: dict, key: str, make) -> None:
+    """row[key] = median ms and row[f"mem_{key}"] = peak bytes of make()(), or the failure recorded
+    (row[key] = None, row[f"error_{key}"]: FLA refusing a backward, out of memory, a compile failure)."""
+    try:
+        fn = make()
+        fn()                                                   # compile, warm up, and see that it runs
+        row[key] = median_ms(fn)
+        row[f"mem_{key}"] = memory_use(fn)[0]
+    except Exception as exc:
+        msg = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
+        row[key], row[f"error_{key}"] = None, ("refused: " + msg) if key == "fla" else msg
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
 def fla_version():

@@ -194,22 +194,6 @@ def suite_resources(log, size):
 TRAIN_KEEP = ("linear_attn", "gla", "simple_gla")   # ops whose level takes recompute=False
 
 
-def train_call(fn, args):
-    """A no-argument callable: forward, then the backward of <o, do> for every floating input
-    (torch.autograd.grad: nothing accumulates into .grad between runs)."""
-    inputs = {n: a.detach().requires_grad_(True) for n, a in args.items()
-              if isinstance(a, torch.Tensor) and a.is_floating_point()}
-    others = {n: a for n, a in args.items() if n not in inputs}
-    o = fn(**inputs, **others)[0]
-    gen = torch.Generator(device=o.device).manual_seed(0)      # one dO for every implementation
-    do = torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype)
-
-    def call():
-        out = fn(**inputs, **others)[0]
-        return torch.autograd.grad(out, list(inputs.values()), do)
-    return call
-
-
 def sdpa_train_call(T, *, tokens, H, D, device):
     B = max(1, tokens // T)
     q, k, v = (torch.randn(B, H, T, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -218,26 +202,13 @@ def sdpa_train_call(T, *, tokens, H, D, device):
     return lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
 
 
-def timed(row, key, make):
-    """row[key] = median ms and row[f"mem_{key}"] = peak bytes of make()(), or the failure recorded."""
-    try:
-        fn = make()
-        fn()                                                   # compile, warm up, and see that it runs
-        row[key] = bench.median_ms(fn)
-        row[f"mem_{key}"] = bench.memory_use(fn)[0]
-    except Exception as exc:  # FLA without a backward for an op, out of memory, a compile failure
-        msg = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
-        row[key], row[f"error_{key}"] = None, ("refused: " + msg) if key == "fla" else msg
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-
-
 def train_check(op, args):
     """Largest relative error of a Triton gradient against the chunk level's (float32, same inputs)."""
     from linattn.dispatch import level_fn
 
     name = bench.OPS[op][0]
-    got = train_call(level_fn(name, "triton"), args)()
-    ref = train_call(level_fn(name, "chunk"), {n: a.float() for n, a in args.items()})()
+    got = bench.train_call(level_fn(name, "triton"), args)()
+    ref = bench.train_call(level_fn(name, "chunk"), {n: a.float() for n, a in args.items()})()
     return max(testing.rel_err(a, b) for a, b in zip(got, ref))
 
 
@@ -247,7 +218,7 @@ def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
     res = {"rows": [], "by_gates": {}}
     for T in Ts:
         sd = {}
-        timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"], device=dev))
+        bench.timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"], device=dev))
         for op in ops:
             for gs in gate_runs(op, gates):
                 row = train_row(op, T, gs, sd, size, check_grads=T == Ts[0])
@@ -284,12 +255,12 @@ def train_row(op, T, gs, sd, size, check_grads):
     row = {"op": op, "T": T, "gates": gs, "B": args["q"].shape[0], "sdpa": sd.get("sdpa"),
            "mem_sdpa": sd.get("mem_sdpa")}
     fn = getattr(lt, bench.OPS[op][0])
-    timed(row, "triton", lambda: train_call(fn, args))
+    bench.timed(row, "triton", lambda: bench.train_call(fn, args))
     if op in TRAIN_KEEP:
-        timed(row, "triton:keep", lambda: train_call(lambda **a: fn(**a, recompute=False), args))
+        bench.timed(row, "triton:keep", lambda: bench.train_call(lambda **a: fn(**a, recompute=False), args))
     fla = bench.fla_call(op, args)
     if fla is not None:
-        timed(row, "fla", lambda: train_call(lambda **a: bench.fla_call(op, a)(), args))
+        bench.timed(row, "fla", lambda: bench.train_call(bench.fla_fn(op), args))
     else:
         row["fla"], row["error_fla"] = None, "fla not importable"
     if check_grads and row.get("triton") is not None:
