@@ -222,10 +222,10 @@ def library_call(op: str, level: str, args: dict, **kw):
 
 def fla_fn(op: str):
     """FLA's chunk kernel for `op` (a function of the library's keyword arguments), or None when fla
-    is not importable or has no such kernel."""
+    is not importable (absent, or broken against this torch/triton) or has no such kernel."""
     try:
         import fla.ops as ops
-    except ImportError:
+    except Exception:  # noqa: BLE001
         return None
     fn = getattr(ops, OPS[op][2], None)
     if fn is None:

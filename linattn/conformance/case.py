@@ -247,16 +247,8 @@ def _regular(case, device, row, reference_mode):
 
 def fla_fn(variant: str):
     """FLA's chunk function for the variant, or None when fla is not importable."""
-    try:
-        import fla.ops as ops
-    except Exception:  # noqa: BLE001  (absent, or broken against this torch/triton)
-        return None
-    from ..bench import OPS
-    fn = getattr(ops, OPS[variant][2], None)
-    if fn is None:
-        return None
-    kw = {"normalize": False} if variant == "linear_attn" else {}   # plain linear attention
-    return lambda **a: fn(**a, **kw)
+    from ..bench import fla_fn as fn
+    return fn(variant)
 
 
 def fla(case, device, ref) -> dict:
