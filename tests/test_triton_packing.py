@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import linattn
-from linattn import chunk, ops, testing
+from linattn import chunk, device, ops, testing
 from linattn import triton as lt
 from linattn.triton import gated
 from linattn.validate import InputError, check_inputs
@@ -37,6 +37,7 @@ from linattn.validate import InputError, check_inputs
 LENGTHS = [0, 1, 37, 0, 64, 17, 100, 0]
 H, K, V = 2, 16, 16
 F32 = torch.float32
+DEV = device.default_device()      # compiled kernels on a GPU, the interpreter on a CPU
 GATES = [("linear_attn", None), ("gla", "per_head"), ("gla", "per_dim")]
 GATE_IDS = ["linear", "per_head", "per_dim"]
 # (chunk size, mode, recompute) with autograd; recompute=False keeps the states mode's forward
@@ -51,17 +52,17 @@ def bounds(lengths=LENGTHS):
 
 
 def cu_of(lengths=LENGTHS):
-    return torch.tensor(bounds(lengths), dtype=torch.int64)
+    return torch.tensor(bounds(lengths), dtype=torch.int64, device=DEV)
 
 
 def make(op, gate, lengths=LENGTHS, seed=0, dtype=F32):
     """Packed inputs [1, T, ...], one initial state per sequence, incoming gradients w_o, w_S."""
     T, N = sum(lengths), len(lengths)
-    args = testing.make_inputs(op, B=1, T=T, H=H, K=K, V=V, gate=gate or "per_dim", seed=seed)
+    args = testing.make_inputs(op, B=1, T=T, H=H, K=K, V=V, gate=gate or "per_dim", seed=seed, device=DEV)
     gen = torch.Generator().manual_seed(seed + 1)
-    args["initial_state"] = torch.randn(N, H, K, V, generator=gen)
-    w_o = torch.randn(1, T, H, V, generator=gen)
-    w_S = torch.randn(N, H, K, V, generator=gen)
+    args["initial_state"] = torch.randn(N, H, K, V, generator=gen).to(DEV)
+    w_o = torch.randn(1, T, H, V, generator=gen).to(DEV)
+    w_S = torch.randn(N, H, K, V, generator=gen).to(DEV)
     args = {n: a.to(dtype) for n, a in args.items()}
     return args, w_o.to(dtype), w_S.to(dtype)
 
@@ -199,8 +200,8 @@ def test_bad_cu_seqlens_is_refused_before_any_launch(op, monkeypatch):
     launched = []
     monkeypatch.setattr(gated, "packed", lambda *a, **k: launched.append(1))   # reached only past the checks
     cases = [(cu_of().int(), "cu_seqlens must have dtype torch.int64"),
-             (torch.tensor([0, 5, 3, sum(LENGTHS)]), r"cu_seqlens must be non-decreasing"),
-             (torch.tensor([0, 5]), r"cu_seqlens must end at T"),
+             (torch.tensor([0, 5, 3, sum(LENGTHS)], device=DEV), r"cu_seqlens must be non-decreasing"),
+             (torch.tensor([0, 5], device=DEV), r"cu_seqlens must end at T"),
              ([0, sum(LENGTHS)], "cu_seqlens must be a torch.Tensor")]
     for cu, match in cases:
         with pytest.raises(InputError, match=match):
@@ -259,7 +260,7 @@ def make_delta(op, gate, strength="normal", seed=0):
     args, w_o, w_S = make(op, gate, seed=seed)
     if gate is not None:
         shape = args["g"].shape
-        args["g"] = testing.log_gates(shape, strength, generator=torch.Generator().manual_seed(seed + 7))
+        args["g"] = testing.log_gates(shape, strength, generator=torch.Generator().manual_seed(seed + 7)).to(DEV)
     return args, w_o, w_S
 
 
@@ -345,13 +346,38 @@ def test_layers_take_packed_rows_at_the_triton_level(name):
     lengths = [3, 0, 20, 1]
     cu = cu_of(lengths)
     torch.manual_seed(0)
-    layer = lnn.LAYERS[name](16, H, conv_width=4, impl="triton")
+    layer = lnn.LAYERS[name](16, H, conv_width=4, impl="triton").to(DEV)
     runs = []
     for impl in ("triton", "chunk"):
         layer.impl = impl
-        x = torch.randn(1, sum(lengths), 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        x = torch.randn(1, sum(lengths), 16, generator=torch.Generator().manual_seed(1)).to(DEV).requires_grad_()
         y, state = layer(x, cu_seqlens=cu)
         (y.sum() + state.memory.sum()).backward()
         runs.append((y.detach(), state.memory.detach(), x.grad))
     for got, want in zip(*runs):
         assert testing.rel_err(got, want) <= testing.GRAD_TOLERANCE[F32]
+
+
+# Natively only (the interpreter would take minutes, and upcasts every tile to float32): documents of
+# 1 to 1,500 tokens in one row, float32 and bf16, every op with initial states and final-state
+# gradients — packed = alone (the same arithmetic, so far tighter than the dtype's tolerance), and
+# within the dtype's tolerance of the chunk level's float64 on the same packed row.
+NATIVE_LENGTHS = [1, 1500, 63, 0, 65, 700, 16, 64]
+SAME = {F32: 1e-5, torch.bfloat16: 2e-3}
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="compiled kernels: a GPU only")
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("op,gate", GATES + DELTAS, ids=GATE_IDS + DELTA_IDS)
+def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
+    L = NATIVE_LENGTHS
+    args, w_o, w_S = make(op, gate, lengths=L, seed=6)
+    args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
+    w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
+    got = packed(fn, args, cu, w_o, w_S, **knobs(op, 64))
+    assert_same(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
+    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[dtype]
+    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[dtype]
+    for n in got[2]:
+        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[dtype], n
