@@ -2,7 +2,7 @@
 
 - torch.library.opcheck passes for every operation at the chunk level (float32 and float64, with
   and without an initial state, per-head and per-dimension gates, packed sequences), for the
-  one-token steps, and for the Triton level (in the interpreter on a CPU).
+  one-token steps, and for the Triton level (compiled on a GPU, in the interpreter on a CPU).
 - Through the custom op, outputs and gradients equal the level called directly.
 - torch.compile(layer, fullgraph=True) compiles every layer of linattn.nn with no graph break
   (prefill, prefill from a state, one decoding step) and gives eager's outputs and gradients.
@@ -21,19 +21,20 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import linattn
-from linattn import dispatch, ops, nn as lnn, testing
+from linattn import device, dispatch, ops, nn as lnn, testing
 from linattn.validate import InputError
 
 B, T, H, K, V = 2, 11, 2, 4, 5
 BACKEND = "aot_eager"
+DEV = device.default_device()      # the Triton level: compiled on a GPU, the interpreter on a CPU
 
 
-def inputs(op, dtype=torch.float32, *, h0=True, per_head=False, batch=B, grad=True, seed=0):
+def inputs(op, dtype=torch.float32, *, h0=True, per_head=False, batch=B, grad=True, seed=0, dev="cpu"):
     gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)      # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype).to(dev)      # noqa: E731
     made = dict(q=r(batch, T, H, K), k=F.normalize(r(batch, T, H, K), dim=-1), v=r(batch, T, H, V),
-                g=-torch.rand(batch, T, H, *(() if per_head else (K,)), generator=gen, dtype=dtype) / 2,
-                beta=torch.rand(batch, T, H, generator=gen, dtype=dtype))
+                g=-torch.rand(batch, T, H, *(() if per_head else (K,)), generator=gen, dtype=dtype).to(dev) / 2,
+                beta=torch.rand(batch, T, H, generator=gen, dtype=dtype).to(dev))
     tensors = [made[n].requires_grad_(grad) for n in ops.TENSORS[op]]
     state = r(batch, H, K, V).requires_grad_(grad) if h0 else None
     return tensors, state
@@ -93,9 +94,9 @@ def test_opcheck_packed_sequences(op):
 @pytest.mark.parametrize("op", ops.TENSORS)
 def test_opcheck_packed_sequences_triton_level(op):
     """The Triton level takes cu_seqlens for every op: the op passes it through."""
-    tensors, _ = inputs(op, torch.float32, batch=1, h0=False)
-    cu = torch.tensor([0, 3, 3, T])                                   # an empty sequence included
-    state = torch.randn(3, H, K, V, requires_grad=True)
+    tensors, _ = inputs(op, torch.float32, batch=1, h0=False, dev=DEV)
+    cu = torch.tensor([0, 3, 3, T], device=DEV)                       # an empty sequence included
+    state = torch.randn(3, H, K, V, device=DEV, requires_grad=True)
     torch.library.opcheck(ops.OPS[op], args(op, tensors, initial_state=state, cu_seqlens=cu,
                                             level="triton", chunk_size=16))
 
@@ -109,8 +110,8 @@ def test_opcheck_step(op, h0):
 
 
 @pytest.mark.parametrize("op", ops.TENSORS)
-def test_opcheck_triton_level_in_the_interpreter(op):
-    tensors, state = inputs(op, torch.float32)
+def test_opcheck_triton_level(op):
+    tensors, state = inputs(op, torch.float32, dev=DEV)
     torch.library.opcheck(ops.OPS[op], args(op, tensors, initial_state=state, level="triton", chunk_size=16))
 
 

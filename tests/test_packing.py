@@ -200,6 +200,8 @@ def test_dispatch_passes_cu_seqlens_to_the_level():
     assert testing.rel_err(o, o_n) < 1e-12 and testing.rel_err(S, S_n) < 1e-12
     # the Triton level takes it too (tests/test_triton_packing.py), the delta family included
     args, _, _ = make("kda", "per_head", torch.float32, lengths=[3, 9])
+    dev = linattn.device.default_device()                  # compiled kernels take CUDA tensors
+    args, cu = {n: a.to(dev) for n, a in args.items()}, cu.to(dev)
     o, S = linattn.kda(**args, cu_seqlens=cu, output_final_state=True, impl="triton")
     o_c, S_c = linattn.kda(**args, cu_seqlens=cu, output_final_state=True, impl="chunk")
     assert testing.rel_err(o, o_c) < 1e-5 and testing.rel_err(S, S_c) < 1e-5
