@@ -9,8 +9,10 @@ For each op of linattn.bench.OPS, forward alone and forward + backward (every fl
 gradient of <o, dO>), the default call a user makes at the Triton level:
 
   packed    one row [1, ΣL, H, ·] with cu_seqlens: the mix of document lengths below
-  equal     the same number of tokens as a batch of equal-length rows [N, ΣL / N, H, ·] — what the
-            packed row would cost if the kernels paid nothing for the boundaries
+  equal     the same number of tokens as a batch of equal-length rows [N, ΣL / N, H, ·]
+  longest   the same number of tokens as rows of the longest document [ΣL / max L, max L, H, ·]:
+            a kernel that walks a sequence's chunks in order lasts as long as its longest sequence,
+            so this is what the packed row would cost if the kernels paid nothing for the boundaries
   padded    every document right-padded to the longest, [N, max L, H, ·]: what a user without
             cu_seqlens runs (its time counts only the real tokens as work)
   fla       FLA's chunk kernel on the packed row with its cu_seqlens (forward + backward where FLA
@@ -33,7 +35,7 @@ SIZES = {
                  dtype=torch.bfloat16),
 }
 MODES = ("forward", "train")
-LAYOUTS = ("packed", "equal", "padded", "fla")
+LAYOUTS = ("packed", "equal", "longest", "padded", "fla")
 
 
 def row_inputs(op: str, lengths, *, H, K, V, dtype, dev) -> tuple:
@@ -53,19 +55,21 @@ def callables(op: str, mode: str, cfg: dict, dev: str) -> dict:
     fn = level_fn(bench.OPS[op][0], "triton")
     row, cu = row_inputs(op, L, dev=dev, **{n: size[n] for n in ("H", "K", "V", "dtype")})
     equal = bench.anchor_inputs(op, sum(L) // len(L), tokens=sum(L), **size)
+    longest = bench.anchor_inputs(op, max(L), tokens=sum(L), **size)
     padded = bench.anchor_inputs(op, max(L), tokens=len(L) * max(L), **size)
 
     def ours(args, **kw):
         f = (lambda **a: fn(**a, **kw))
         return bench.train_call(f, args) if mode == "train" else (lambda: f(**args))
-    out = {"packed": ours(row, cu_seqlens=cu), "equal": ours(equal), "padded": ours(padded)}
+    out = {"packed": ours(row, cu_seqlens=cu), "equal": ours(equal), "longest": ours(longest),
+           "padded": ours(padded)}
     fla = bench.fla_fn(op)
     out["fla"] = (None if fla is None else
                   bench.train_call(fla, row, cu_seqlens=cu) if mode == "train" else (lambda: fla(**row, cu_seqlens=cu)))
     return out
 
 
-def measure(size: str | None = None, only=None, progress=print, warm_only=False) -> dict:
+def measure(size: str | None = None, only=None, progress=print, warm_only=False, modes=MODES) -> dict:
     """Milliseconds of every op × mode × layout; failures (FLA's refusals, out of memory) recorded.
     warm_only: run each callable once and time nothing (compiles the kernels into Triton's cache, so
     that several processes can compile in parallel before one process times)."""
@@ -74,7 +78,7 @@ def measure(size: str | None = None, only=None, progress=print, warm_only=False)
     dev = device.default_device()
     rows = []
     for op in (o for o in bench.OPS if not only or o in only):
-        for mode in MODES:
+        for mode in modes:
             row = {"op": op, "mode": mode}
             for layout, fn in callables(op, mode, cfg, dev).items():
                 if fn is None:
@@ -116,9 +120,10 @@ def report(r: dict) -> str:
     cfg = r["setting"]
     head = (f"{bench.run_label(r['env'])}\n{cfg['dtype']}, H = {cfg['H']}, K = V = {cfg['K']}, "
             f"documents of {', '.join(map(str, cfg['lengths']))} tokens ({sum(cfg['lengths'])} in all)\n")
-    cols = ["op", "pass", "packed ms", "equal-length ms", "padded ms", "FLA packed ms",
-            "packed ÷ equal", "packed ÷ padded", "packed ÷ FLA"]
-    rows = [[x["op"], x["mode"], x.get("packed"), x.get("equal"), x.get("padded"), x.get("fla"),
-             ratio(x, "packed", "equal"), ratio(x, "packed", "padded"), ratio(x, "packed", "fla")]
+    cols = ["op", "pass", "packed ms", "equal-length ms", "longest-length ms", "padded ms", "FLA packed ms",
+            "packed ÷ equal", "packed ÷ longest", "packed ÷ padded", "packed ÷ FLA"]
+    rows = [[x["op"], x["mode"], x.get("packed"), x.get("equal"), x.get("longest"), x.get("padded"), x.get("fla"),
+             ratio(x, "packed", "equal"), ratio(x, "packed", "longest"), ratio(x, "packed", "padded"),
+             ratio(x, "packed", "fla")]
             for x in r["rows"]]
     return head + "\n" + bench.markdown_table(cols, rows)

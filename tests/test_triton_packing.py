@@ -190,6 +190,9 @@ def test_chunk_tables():
     assert p.chunk_indices.tolist() == [[1, 0], [2, 0], [2, 1], [4, 0], [4, 1], [5, 0], [6, 0], [6, 1], [6, 2],
                                         [6, 3]]
     assert p.chunk_indices.dtype == torch.int32 and p.chunk_offsets.dtype == torch.int64
+    # the grid heuristics count rows of the longest sequence (219 tokens, the longest 100), not N
+    assert p.rows == 2 and gated.busy_rows(1, p) == 2 and gated.busy_rows(5) == 5
+    assert gated.packed(cu_of([5, 5, 5]), bounds([5, 5, 5]), 16).rows == 3
 
 
 @pytest.mark.parametrize("op", ["linear_attn", "gla", "delta_rule", "kda"])

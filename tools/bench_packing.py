@@ -1,6 +1,6 @@
 """Packed sequences measured (linattn/bench_packing.py), as a script: prints the table, writes JSON with --out.
 
-    .venv/bin/python tools/bench_packing.py [--size small|full] [--only OP ...] [--warm] [--out FILE]
+    .venv/bin/python tools/bench_packing.py [--size small|full] [--only OP ...] [--modes forward train] [--warm] [--out FILE]
 
 --warm compiles only (each callable run once, nothing timed): run one such process per op in
 parallel first, then the timing run finds every kernel in Triton's cache.
@@ -20,10 +20,11 @@ def main():
     p = argparse.ArgumentParser(description=bench_packing.__doc__.split("\n")[0])
     p.add_argument("--size", choices=sorted(bench_packing.SIZES), default=None, help="default: linattn.device's choice")
     p.add_argument("--only", nargs="+", choices=sorted(bench.OPS), default=None)
+    p.add_argument("--modes", nargs="+", choices=bench_packing.MODES, default=bench_packing.MODES)
     p.add_argument("--warm", action="store_true", help="compile only, time nothing")
     p.add_argument("--out", default=None, help="JSON file to write (e.g. book/data/packing_gpu.json)")
     a = p.parse_args()
-    r = bench_packing.measure(a.size, a.only, warm_only=a.warm)
+    r = bench_packing.measure(a.size, a.only, warm_only=a.warm, modes=a.modes)
     if a.warm:
         return
     print(bench_packing.report(r))

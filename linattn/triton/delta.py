@@ -52,7 +52,7 @@ from ..support import check_triton
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, block, check_kernel_inputs, compute_dtype, contiguous, dot, gate_floor, kernel,
                      launch, num_sms, tile)
-from .gated import _packed_chunk, _packed_seq, check_packed, packed_args, row_chunks
+from .gated import _packed_chunk, _packed_seq, busy_rows, check_packed, packed_args, row_chunks
 from .wy import SUB, absolute_w, factor_stage, first_gate, wu_stage, wy_stage  # noqa: F401  (stage 1)
 
 # Launch choices (V-block widths, warps, pipeline stages), measured on an H200: docs/performance.md.
@@ -175,7 +175,7 @@ def state_stage(wy: dict, h0, p: Plan, output_final_state: bool, over_u: bool = 
     hs = outputs.empty((B, H, p.NT, K, V), dtype=p.work, device=p.device)
     vnew = wy["u"] if over_u else outputs.empty((B, T, H, V), dtype=p.work, device=p.device)
     ht = outputs.empty((p.N, H, K, V), dtype=torch.float32, device=p.device) if output_final_state else None
-    BV = state_block(V, p.N * H)
+    BV = state_block(V, busy_rows(p.B, p.seqs) * H)
     launch(
         _state_kernel, (triton.cdiv(V, BV), p.N * H),
         wy["kd"], wy["dl"] if p.gate else hs, g if p.gate == 1 else hs, wy["w"], wy["u"],
