@@ -384,3 +384,29 @@ def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
     assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[dtype]
     for n in got[2]:
         assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[dtype], n
+
+
+def test_chunk_tables_are_built_once_per_cu_seqlens_and_again_after_a_change():
+    """The boundaries and chunk tables are remembered per cu_seqlens tensor (no host sync or copy
+    on the later calls of a training step) and rebuilt when it changes in place or is another
+    tensor with the same values."""
+    from linattn import packing
+    cu = cu_of()
+    d = check_inputs(*(torch.zeros(1, sum(LENGTHS), H, K, device=DEV) for _ in range(3)))
+    q = torch.zeros(1, sum(LENGTHS), H, K, device=DEV)
+    p1 = gated.check_packed(cu, d, q, None, 16)
+    assert gated.check_packed(cu, d, q, None, 16) is p1                       # remembered
+    assert gated.check_packed(cu, d, q, None, 32) is not p1                   # per chunk size
+    assert gated.check_packed(cu.clone(), d, q, None, 16) is not p1           # per tensor
+    cu[1:] = sum(LENGTHS)                                                     # in place: [0, T, …, T]
+    p2 = gated.check_packed(cu, d, q, None, 16)
+    assert p2 is not p1 and p2.N == p1.N and p2.NT == triton_cdiv(sum(LENGTHS), 16)
+    bad = cu_of()
+    packing.check_cu_seqlens(bad, d, q.device)
+    bad[3] = 0                                                                # no longer non-decreasing
+    with pytest.raises(InputError, match="non-decreasing"):
+        gated.check_packed(bad, d, q, None, 16)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)

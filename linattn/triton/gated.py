@@ -142,7 +142,7 @@ def check_packed(cu_seqlens, d, q, initial_state, chunk_size):
     if cu_seqlens is None:
         return None
     bounds = packing.check_cu_seqlens(cu_seqlens, d, q.device, initial_state)
-    return packed(cu_seqlens, bounds, chunk_size)
+    return packing.remembered(cu_seqlens, ("chunks", chunk_size), lambda: packed(cu_seqlens, bounds, chunk_size))
 
 
 @triton.jit
