@@ -462,11 +462,12 @@ assert testing.rel_err(o_sched, o_cl) < TOL
 #
 # ## 4. Packed against padded, measured
 #
-# At the chunk level a padded batch is one call on `[N, max L, H, K]`; the packed row is
-# `linattn.chunk.linear_attn(..., cu_seqlens=cu)`, which runs each sequence as its own call (one
-# call per sequence is what `linattn.packing.per_sequence` does). The count that matters is real
-# tokens per second. We keep the mean length fixed and widen the spread: log-normal lengths as in
-# section 1, scaled to the same total, $\sigma$ from 0 (all equal) upwards.
+# A padded batch is one call on `[N, max L, H, K]`; the packed row is one call with
+# `cu_seqlens=cu`. On a GPU we time the Triton level, whose kernels index the sequences in one
+# launch each (section 3); on a CPU the chunk level, which runs each sequence as its own call
+# (`linattn.packing.per_sequence`; the Triton interpreter would time Python). The count that
+# matters is real tokens per second. We keep the mean length fixed and widen the spread:
+# log-normal lengths as in section 1, scaled to the same total, $\sigma$ from 0 (all equal) upwards.
 
 # %%
 n_docs, mean_len = 8, pick(cpu=256, gpu=2048)
@@ -479,14 +480,17 @@ def spread_lengths(sigma):
     return (L * (n_docs * mean_len / L.sum())).round().clamp(min=1).long().tolist()
 
 
+level, level_name = (linattn.triton, "Triton level") if DEVICE == "cuda" else (chunk, "chunk level")
+dtype_b = pick(cpu=torch.float32, gpu=torch.bfloat16)
 speed = {"packed": [], "padded": []}
 for sigma in spreads:
     Ls = spread_lengths(sigma)
     cu_b = torch.tensor([0] + Ls, device=DEVICE).cumsum(0)
-    row = testing.make_inputs("linear_attn", B=1, T=sum(Ls), H=Hb, K=Kb, V=Kb, seed=3, device=DEVICE)
-    pad = testing.make_inputs("linear_attn", B=n_docs, T=max(Ls), H=Hb, K=Kb, V=Kb, seed=3, device=DEVICE)
-    ms_packed = bench.fastest_ms(lambda: chunk.linear_attn(**row, cu_seqlens=cu_b, chunk_size=64))
-    ms_padded = bench.fastest_ms(lambda: chunk.linear_attn(**pad, chunk_size=64))
+    row = testing.make_inputs("linear_attn", B=1, T=sum(Ls), H=Hb, K=Kb, V=Kb, seed=3, device=DEVICE, dtype=dtype_b)
+    pad = testing.make_inputs("linear_attn", B=n_docs, T=max(Ls), H=Hb, K=Kb, V=Kb, seed=3, device=DEVICE,
+                              dtype=dtype_b)
+    ms_packed = bench.fastest_ms(lambda: level.linear_attn(**row, cu_seqlens=cu_b, chunk_size=64))
+    ms_padded = bench.fastest_ms(lambda: level.linear_attn(**pad, chunk_size=64))
     for name, ms in (("packed", ms_packed), ("padded", ms_padded)):
         speed[name].append(sum(Ls) / ms)                  # real tokens per millisecond
     print(f"σ = {sigma:4}: lengths {Ls} (padding {waste(torch.tensor(Ls)):.0%}); real tokens/s "
@@ -497,7 +501,7 @@ ax.plot(spreads, speed["packed"], "o-", label="packed (cu_seqlens)")
 ax.plot(spreads, speed["padded"], "s--", label="padded to the longest")
 ax.set(xlabel="spread of lengths σ (log-normal, same total)", ylabel="real tokens per ms",
        ylim=(0, 1.15 * max(speed["packed"] + speed["padded"])),
-       title=f"chunk level, {n_docs} documents of mean length {mean_len}, "
+       title=f"{level_name}, {n_docs} documents of mean length {mean_len}, "
              f"H={Hb}, K=V={Kb}\n{linattn.device.describe().split(' · ')[0]}")
 ax.legend(loc="best", fontsize=8)                      # where it covers no point
 plt.tight_layout(); plt.show()
@@ -510,12 +514,66 @@ assert ratio[-1] > ratio[0]          # the wider the spread, the more padding co
 
 # %% [markdown]
 # Read the figure by its two ends. At $\sigma = 0$ there is no padding, and the packed row pays
-# only its per-call cost: $N$ calls instead of one. As the spread grows, the padded batch spends a
-# growing share of its time on padding (section 1's $w$), while the packed row does the same work
-# at every spread. Whether and where the lines cross (the last line printed) is a property of the
-# device and the sizes: the per-call cost is large next to a small chunk computation on a CPU and
-# small next to a large one on a GPU. A kernel that takes `cu_seqlens` in one launch (section 3)
-# removes the per-call cost too.
+# only for its boundaries: at the chunk level $N$ calls instead of one, in the Triton kernels a
+# table lookup per program. As the spread grows, the padded batch spends a growing share of its
+# time on padding (section 1's $w$), while the packed row does the same work at every spread.
+# Whether and where the lines cross (the last line printed) is a property of the device, the level
+# and the sizes.
+#
+# ### The library's kernels on a GPU, every operation
+#
+# `tools/bench_packing.py` (`linattn.bench_packing`) times the default Triton call of every
+# operation on one row of eight documents of 256 to 16,384 tokens, forward and forward + backward,
+# against the same tokens laid out three other ways — eight equal rows, rows as long as the longest
+# document, and every document padded to the longest — and against flash-linear-attention's
+# `cu_seqlens` path on the same row. The recorded run (`book/data/packing_gpu.json`):
+
+# %%
+from linattn import bench_packing
+
+rec = bench.recorded_run("packing_gpu.json")
+print(bench_packing.report(rec))
+by = {(r["op"], r["mode"]): r for r in rec["rows"]}
+pad_gain = [by[k]["padded"] / by[k]["packed"] for k in by]
+walk = [by[k]["packed"] / by[k]["longest"] for k in by]
+print(f"\npacked is {min(pad_gain):.1f}–{max(pad_gain):.1f}× faster than padding to the longest; "
+      f"{min(walk):.2f}–{max(walk):.2f}× the time of rows as long as the longest document")
+
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+layouts = [("packed", "packed (cu_seqlens)"), ("equal", "8 equal rows"), ("longest", "rows of the longest"),
+           ("padded", "padded to the longest"), ("fla", "FLA, packed")]
+width = 0.16
+for ax, mode, title in zip(axes, ("forward", "train"), ("forward", "forward + backward")):
+    ops_ = [op for op, m in by if m == mode]
+    for i, (lay, name) in enumerate(layouts):
+        x = [j + (i - 2) * width for j in range(len(ops_))]
+        tps = [sum(rec["setting"]["lengths"]) / by[op, mode][lay] if by[op, mode].get(lay) else 0 for op in ops_]
+        ax.bar(x, tps, width, label=name)
+        for xj, t in zip(x, tps):
+            if t == 0:                                    # FLA refused this backward on this toolchain
+                ax.text(xj, 0, "refused", rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.set_xticks(range(len(ops_)), ops_, fontsize=7)
+    ax.set(ylabel="real tokens per ms", title=title)
+axes[0].legend(fontsize=7)
+fig.suptitle(f"{rec['setting']['dtype']}, H = {rec['setting']['H']}, K = V = {rec['setting']['K']}, eight documents "
+             f"of 256…16,384 tokens — {bench.run_label(rec['env'])}", fontsize=9)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Three comparisons, three lessons (the numbers above are the recorded run's):
+#
+# * **Against padding** the packed row wins by about the share of padding it removes: the padded
+#   batch computes $8 \times 16{,}384$ tokens for $32{,}768$ real ones.
+# * **Against rows of the longest document** — the same tokens and the same longest serial walk,
+#   with no boundary — the packed row pays for its boundaries alone. The kernels look up their
+#   sequence in a table; reading `cu_seqlens` to the host and building the tables synchronises with
+#   the GPU, so the library does it once per `cu_seqlens` tensor (a training step passes the same
+#   one to every layer and to the backward), as flash-linear-attention does.
+# * **Against eight equal rows** the packed row is slower, and no table removes that: the state
+#   pass walks each sequence's chunks in order, so it lasts as long as the 16,384-token document's
+#   256 chunks while the equal rows walk 64 each, and while it runs most of the GPU's programs have
+#   finished their short documents. Cutting one long walk into pieces that run side by side is
+#   chapter 08's scan over chunk transitions; the library's kernels do not do it yet.
 #
 # ## 5. The short convolution must not leak either
 #
@@ -560,10 +618,17 @@ for n, (s, e) in enumerate(zip(b, b[1:])):
 
 # %% [markdown]
 # Only the first $w - 1$ tokens of each sequence after the first are wrong — and through them
-# every later output, since the attention reads them. The library's layers (`linattn.nn`) do not
-# take `cu_seqlens` yet: a layer called on a packed row convolves across the boundaries as the
-# middle line above does, whatever the operation beneath it does. Until they do, run a layer on
-# packed documents one sequence at a time, or write the masked convolution above into the layer.
+# every later output, since the attention reads them. So a layer must cut its convolution where the
+# operation beneath it cuts its state. The library's layers take `cu_seqlens` for both: the
+# convolution keeps the taps inside each token's sequence (`ShortConv(x, cu_seqlens=…)`, built
+# from one index per token so that it compiles into one graph), and the operation gets the same
+# boundaries:
+
+# %%
+with torch.no_grad():
+    library = conv(x, cu_seqlens=cu)[0]
+print(f"ShortConv(x, cu_seqlens=cu) vs the packed convolution above: {testing.rel_err(library, packed):.1e}")
+assert testing.rel_err(library, packed) < TOL
 #
 # ## 6. What breaks if…
 #
@@ -604,7 +669,9 @@ assert testing.rel_err(S_off[0], S_lib[0]) > 0.01
 # * Kernel: one program per (sequence, head) for the serial state pass, bounds `bos`, `eos` read
 #   from `cu_seqlens`, loads masked at `eos`; the output pass runs over a chunk index table, one
 #   program per chunk of the batch.
-# * The short convolution needs the same cut; the library's layers do not take `cu_seqlens` yet.
+# * The short convolution needs the same cut; the library's layers make it (`cu_seqlens=`).
+# * Measured on a GPU, packing beats padding by the share of padding it removes; what remains
+#   between a packed row and the same tokens in equal rows is the longest document's serial walk.
 #
 # **Workbook:** [`exercises/16_packing.py`](../exercises/16_packing.py) — the packed token loop of
 # GLA with initial states (`ch16.packed_loop`), its chunk level (`ch16.packed_chunk`) and a Triton
