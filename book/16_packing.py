@@ -536,8 +536,10 @@ print(bench_packing.report(rec))
 by = {(r["op"], r["mode"]): r for r in rec["rows"]}
 pad_gain = [by[k]["padded"] / by[k]["packed"] for k in by]
 walk = [by[k]["packed"] / by[k]["longest"] for k in by]
+fla = {k: by[k]["packed"] / by[k]["fla"] for k in by if by[k].get("fla")}
 print(f"\npacked is {min(pad_gain):.1f}–{max(pad_gain):.1f}× faster than padding to the longest; "
       f"{min(walk):.2f}–{max(walk):.2f}× the time of rows as long as the longest document")
+print("packed ÷ FLA's packed path: " + ", ".join(f"{op} {mode} {r:.2f}" for (op, mode), r in fla.items()))
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
 layouts = [("packed", "packed (cu_seqlens)"), ("equal", "8 equal rows"), ("longest", "rows of the longest"),
@@ -574,6 +576,12 @@ plt.tight_layout(); plt.show()
 #   256 chunks while the equal rows walk 64 each, and while it runs most of the GPU's programs have
 #   finished their short documents. Cutting one long walk into pieces that run side by side is
 #   chapter 08's scan over chunk transitions; the library's kernels do not do it yet.
+#
+# Against flash-linear-attention's packed path (its last printed line; a ratio below 1 means ours
+# is faster) the forwards are ahead or level. Forward + backward follows each operation's backward
+# as the unpacked training benchmark measures it (`book/data/bench_train.json`): where that
+# backward is slower than FLA's (DeltaNet's), packing does not change it. FLA 0.6.0 refuses its
+# own backward for per-head gates on this toolchain, so those rows have no FLA time.
 #
 # ## 5. The short convolution must not leak either
 #
