@@ -265,3 +265,20 @@ def test_a_nan_input_is_refused_by_a_compiled_layer():
     x[1, 4, 3] = float("nan")
     with pytest.raises(InputError, match="NaN"):
         compiled(x)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the Triton level compiled: a GPU only (the CPU runs the tests above)")
+@pytest.mark.parametrize("name", [n for n in lnn.LAYERS if n != "softmax"])
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+def test_compiled_layer_on_the_gpu(name, packed):
+    """torch.compile(layer, fullgraph=True) on CUDA tensors, where the ops run the Triton level:
+    outputs, states and every gradient equal eager's; a packed row (cu_seqlens) too."""
+    torch._dynamo.reset()
+    layer = make(name).to(DEV)
+    shape, kw = ((1, 40, 16), {"cu_seqlens": torch.tensor([0, 7, 7, 40], device=DEV)}) if packed else ((2, 37, 16), {})
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(DEV).requires_grad_()
+    y, state = torch.compile(layer, fullgraph=True, backend=BACKEND)(x, **kw)
+    y_ref, state_ref = layer(x, **kw)
+    assert close(y, y_ref) and close(state.memory, state_ref.memory)
+    for a, b in zip(grads(layer, x, y), grads(layer, x, y_ref)):
+        assert close(a, b)
