@@ -159,3 +159,26 @@ def to_float64(args: dict) -> dict:
     """The same arguments with every floating tensor upcast to float64 (for the reference)."""
     return {n: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
             for n, a in args.items()}
+
+
+def leaves(args: dict) -> dict:
+    """Detached copies of the arguments that autograd differentiates (their .grad is the gradient)."""
+    return {n: a.detach().clone().requires_grad_() for n, a in args.items()}
+
+
+def packed_call(fn, args: dict, cu_seqlens, w_o, w_S, **kw) -> tuple:
+    """(o, final states, gradients by name) of fn on a packed row, with incoming gradients w_o on
+    the outputs and w_S on the final states, every buffer NaN-poisoned (tests of cu_seqlens)."""
+    x = leaves(args)
+    with poisoned():
+        o, S = fn(**x, cu_seqlens=cu_seqlens, output_final_state=True, **kw)
+        ((o * w_o.to(o.dtype)).sum() + (S * w_S.to(S.dtype)).sum()).backward()
+    return o.detach(), S.detach(), {n: a.grad for n, a in x.items()}
+
+
+def assert_within_tolerance(got: tuple, ref: tuple, dtype) -> None:
+    """`packed_call`'s (o, S, grads) within dtype's output and gradient tolerances of a float64 ref."""
+    assert rel_err(got[0], ref[0]) <= TOLERANCE[dtype], "o"
+    assert rel_err(got[1], ref[1]) <= TOLERANCE[dtype], "final state"
+    for n in got[2]:
+        assert rel_err(got[2][n], ref[2][n]) <= GRAD_TOLERANCE[dtype], n

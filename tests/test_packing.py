@@ -46,17 +46,6 @@ def knobs(level, op):
     return kw
 
 
-def leaves(args):
-    return {n: a.detach().clone().requires_grad_() for n, a in args.items()}
-
-
-def packed(fn, args, cu, w_o, w_S, **kw):
-    """(o, final states, gradients by name) of one packed call, its buffers NaN-poisoned."""
-    x = leaves(args)
-    with testing.poisoned():
-        o, S = fn(**x, cu_seqlens=cu, output_final_state=True, **kw)
-        ((o * w_o.to(o.dtype)).sum() + (S * w_S.to(S.dtype)).sum()).backward()
-    return o, S, {n: a.grad for n, a in x.items()}
 
 
 def alone(fn, args, lengths, w_o, w_S, **kw):
@@ -71,7 +60,7 @@ def alone(fn, args, lengths, w_o, w_S, **kw):
             finals.append(h0.to(w_S.dtype))
             grads["initial_state"].append(w_S[n:n + 1].to(h0.dtype))
             continue
-        x = leaves({n_: (h0 if n_ == "initial_state" else a[:, s:e]) for n_, a in args.items()})
+        x = testing.leaves({n_: (h0 if n_ == "initial_state" else a[:, s:e]) for n_, a in args.items()})
         o, S = fn(**x, output_final_state=True, **kw)
         ((o * w_o[:, s:e].to(o.dtype)).sum() + (S * w_S[n:n + 1].to(S.dtype)).sum()).backward()
         outs.append(o.detach())
@@ -98,7 +87,7 @@ def test_packed_equals_each_sequence_alone(op, gate, level, dtype):
     args, w_o, w_S = make(op, gate, dtype)
     fn, kw = getattr(getattr(linattn, level), op), knobs(level, op)
     cu = torch.tensor(bounds(LENGTHS))
-    got = packed(fn, args, cu, w_o, w_S, **kw)
+    got = testing.packed_call(fn, args, cu, w_o, w_S, **kw)
     # the same level, each sequence alone: the same arithmetic, so float64 precision in both dtypes
     same = 1e-12 if dtype == torch.float64 else 1e-6
     assert_close(got, alone(fn, args, LENGTHS, w_o, w_S, **kw), same, f"{level} packed vs alone")
@@ -147,7 +136,7 @@ def test_inputs_and_cu_seqlens_never_written():
     cu = torch.tensor([0, 5, 5, 45])
     before = {n: a.clone() for n, a in args.items()}, cu.clone()
     for level in ("naive", "chunk"):
-        packed(getattr(getattr(linattn, level), "kda"), args, cu, w_o, w_S)
+        testing.packed_call(getattr(getattr(linattn, level), "kda"), args, cu, w_o, w_S)
     assert torch.equal(cu, before[1])
     assert all(torch.equal(args[n], a) for n, a in before[0].items())
 
@@ -222,7 +211,7 @@ def test_reverse_walks_take_packed_rows(op, gate, init):
     if not init:
         args.pop("initial_state")
     cu = torch.tensor(bounds(lengths))
-    _, _, want = packed(getattr(naive, op), args, cu, w_o, w_S)
+    _, _, want = testing.packed_call(getattr(naive, op), args, cu, w_o, w_S)
     names = [n for n in ("q", "k", "v", "g", "beta") if n in args]      # positional order
     got = BACKWARD[op](*(args[n] for n in names), w_o, cu_seqlens=cu, dfinal_state=w_S,
                        initial_state=args.get("initial_state"))

@@ -75,17 +75,6 @@ def knobs(op, C):
     return dict(chunk_size=C, sub_chunk_size=16) if op == "gla" else dict(chunk_size=C)
 
 
-def leaves(args):
-    return {n: a.detach().clone().requires_grad_() for n, a in args.items()}
-
-
-def packed(fn, args, cu, w_o, w_S, **kw):
-    """(o, final states, gradients by name) of one packed call, its buffers NaN-poisoned."""
-    x = leaves(args)
-    with testing.poisoned():
-        o, S = fn(**x, cu_seqlens=cu, output_final_state=True, **kw)
-        ((o * w_o).sum() + (S * w_S).sum()).backward()
-    return o.detach(), S.detach(), {n: a.grad for n, a in x.items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,7 +88,7 @@ def reference(op, gate, C):
 def alone(fn, args, lengths, w_o, w_S, **kw):
     """The same, each sequence run alone through fn (no cu_seqlens); an empty one hands its initial
     state through as its final state."""
-    x = leaves(args)
+    x = testing.leaves(args)
     outs, finals, loss = [], [], 0
     b = bounds(lengths)
     with testing.poisoned():
@@ -131,7 +120,7 @@ def assert_same(got, want, tol, what):
 @pytest.mark.parametrize("op,gate", GATES, ids=GATE_IDS)
 def test_packed_equals_each_sequence_alone(op, gate, C, mode, recompute):
     args, w_o, w_S = make(op, gate)
-    got = packed(fn_of(lt, op), args, cu_of(), w_o, w_S, **knobs(op, C), mode=mode, recompute=recompute)
+    got = testing.packed_call(fn_of(lt, op), args, cu_of(), w_o, w_S, **knobs(op, C), mode=mode, recompute=recompute)
     assert_same(got, reference(op, gate, C), 1e-6, f"{op} {gate} C={C} {mode} recompute={recompute}")
     # empty sequences: final state = initial state, d initial state = d final state, exactly
     empty = [n for n, length in enumerate(LENGTHS) if length == 0]
@@ -172,12 +161,9 @@ def test_packed_against_the_chunk_level_in_float64(op, gate):
     """Triton float32 against linattn.chunk with cu_seqlens in float64: float32's tolerances."""
     args, w_o, w_S = make(op, gate, seed=5)
     cu = cu_of()
-    got = packed(fn_of(lt, op), args, cu, w_o, w_S, **knobs(op, 16), mode="fused")
-    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=16)
-    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[F32]
-    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[F32]
-    for n in got[2]:
-        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[F32], n
+    got = testing.packed_call(fn_of(lt, op), args, cu, w_o, w_S, **knobs(op, 16), mode="fused")
+    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=16)
+    testing.assert_within_tolerance(got, ref, F32)
 
 
 def test_chunk_tables():
@@ -223,7 +209,7 @@ def test_cu_seqlens_and_inputs_are_not_written(op):
     args, w_o, w_S = make(op, "per_head", lengths=lengths, seed=2)
     cu = cu_of(lengths)
     before = cu.clone(), {n: a.clone() for n, a in args.items()}
-    packed(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=16)
+    testing.packed_call(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=16)
     assert torch.equal(cu, before[0])
     assert all(torch.equal(args[n], before[1][n]) for n in args)
 
@@ -279,7 +265,7 @@ def delta_reference(op, gate, C, strength):
 def test_delta_packed_equals_each_sequence_alone(variant, C, recompute, strength):
     op, gate = DELTAS[variant]
     args, w_o, w_S = make_delta(op, gate, strength)
-    got = packed(fn_of(lt, op), args, cu_of(), w_o, w_S, chunk_size=C, recompute=recompute)
+    got = testing.packed_call(fn_of(lt, op), args, cu_of(), w_o, w_S, chunk_size=C, recompute=recompute)
     assert_same(got, delta_reference(op, gate, C, strength), 1e-6,
                 f"{op} {gate} C={C} recompute={recompute} {strength}")
     assert set(got[2]) == set(args) and got[1].shape == (len(LENGTHS), H, K, V)
@@ -332,12 +318,9 @@ def test_delta_packed_against_the_chunk_level_in_float64(op, gate):
     """Triton float32 against linattn.chunk with cu_seqlens in float64: float32's tolerances."""
     args, w_o, w_S = make(op, gate, seed=5)
     cu = cu_of()
-    got = packed(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=64)
-    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
-    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[F32]
-    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[F32]
-    for n in got[2]:
-        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[F32], n
+    got = testing.packed_call(fn_of(lt, op), args, cu, w_o, w_S, chunk_size=64)
+    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    testing.assert_within_tolerance(got, ref, F32)
 
 
 @pytest.mark.parametrize("name", ["linear", "gla"])
@@ -377,13 +360,10 @@ def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
     args, w_o, w_S = make(op, gate, lengths=L, seed=6)
     args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
     w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
-    got = packed(fn, args, cu, w_o, w_S, **knobs(op, 64))
+    got = testing.packed_call(fn, args, cu, w_o, w_S, **knobs(op, 64))
     assert_same(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
-    ref = packed(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
-    assert testing.rel_err(got[0], ref[0]) <= testing.TOLERANCE[dtype]
-    assert testing.rel_err(got[1], ref[1]) <= testing.TOLERANCE[dtype]
-    for n in got[2]:
-        assert testing.rel_err(got[2][n], ref[2][n]) <= testing.GRAD_TOLERANCE[dtype], n
+    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    testing.assert_within_tolerance(got, ref, dtype)
 
 
 def test_chunk_tables_are_built_once_per_cu_seqlens_and_again_after_a_change():
