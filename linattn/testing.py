@@ -176,6 +176,14 @@ def packed_call(fn, args: dict, cu_seqlens, w_o, w_S, **kw) -> tuple:
     return o.detach(), S.detach(), {n: a.grad for n, a in x.items()}
 
 
+def assert_same_results(got: tuple, want: tuple, tol: float, what: str) -> None:
+    """Two (o, final states, gradients by name) within relative error tol, every tensor named."""
+    errs = {"o": rel_err(got[0], want[0]), "final state": rel_err(got[1], want[1])}
+    errs.update({f"d{n}": rel_err(got[2][n], want[2][n]) for n in want[2]})
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"{what}: relative errors over {tol:g}: {bad}"
+
+
 def assert_within_tolerance(got: tuple, ref: tuple, dtype) -> None:
     """`packed_call`'s (o, S, grads) within dtype's output and gradient tolerances of a float64 ref."""
     assert rel_err(got[0], ref[0]) <= TOLERANCE[dtype], "o"

@@ -47,7 +47,6 @@ def knobs(level, op):
 
 
 
-
 def alone(fn, args, lengths, w_o, w_S, **kw):
     """The same, from each sequence run alone on fresh tensors, joined along T (N for states).
     An empty sequence has no tokens: its final state is its initial state, whose gradient is
@@ -71,14 +70,6 @@ def alone(fn, args, lengths, w_o, w_S, **kw):
     return torch.cat(outs, 1), torch.cat(finals), joined
 
 
-def assert_close(got, want, tol, what):
-    o, S, gr = got
-    o_ref, S_ref, gr_ref = want
-    errs = {"o": testing.rel_err(o, o_ref), "final state": testing.rel_err(S, S_ref)}
-    errs.update({f"d{n}": testing.rel_err(gr[n], gr_ref[n]) for n in gr_ref})
-    bad = {n: e for n, e in errs.items() if not e <= tol}
-    assert not bad, f"{what}: relative errors above {tol:g}: {bad}"
-
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("level", ["naive", "chunk"])
@@ -90,10 +81,10 @@ def test_packed_equals_each_sequence_alone(op, gate, level, dtype):
     got = testing.packed_call(fn, args, cu, w_o, w_S, **kw)
     # the same level, each sequence alone: the same arithmetic, so float64 precision in both dtypes
     same = 1e-12 if dtype == torch.float64 else 1e-6
-    assert_close(got, alone(fn, args, LENGTHS, w_o, w_S, **kw), same, f"{level} packed vs alone")
+    testing.assert_same_results(got, alone(fn, args, LENGTHS, w_o, w_S, **kw), same, f"{level} packed vs alone")
     # and the ground truth: the float64 recurrence, each sequence alone
     ref = alone(getattr(naive, op), testing.to_float64(args), LENGTHS, w_o.double(), w_S.double())
-    assert_close(got, ref, testing.GRAD_TOLERANCE[dtype], f"{level} packed vs float64 naive")
+    testing.assert_same_results(got, ref, testing.GRAD_TOLERANCE[dtype], f"{level} packed vs float64 naive")
 
 
 @pytest.mark.parametrize("op,gate", [("gla", "per_dim"), ("kda", "per_dim"), ("delta_rule", None)])

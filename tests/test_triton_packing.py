@@ -76,7 +76,6 @@ def knobs(op, C):
 
 
 
-
 @functools.lru_cache(maxsize=None)
 def reference(op, gate, C):
     """Each sequence alone through the Triton level (states mode, recomputed), for the inputs of
@@ -107,25 +106,30 @@ def alone(fn, args, lengths, w_o, w_S, **kw):
     return torch.cat(outs, 1).detach(), torch.cat(finals).detach(), {n: a.grad for n, a in x.items()}
 
 
-def assert_same(got, want, tol, what):
-    o, S, grads = got
-    o_r, S_r, grads_r = want
-    errs = {"o": testing.rel_err(o, o_r), "final state": testing.rel_err(S, S_r)}
-    errs.update({f"d{n}": testing.rel_err(grads[n], grads_r[n]) for n in grads_r})
-    bad = {n: e for n, e in errs.items() if not e <= tol}
-    assert not bad, f"{what}: relative errors over {tol}: {bad}"
-
 
 @pytest.mark.parametrize("C,mode,recompute", RUNS)
 @pytest.mark.parametrize("op,gate", GATES, ids=GATE_IDS)
 def test_packed_equals_each_sequence_alone(op, gate, C, mode, recompute):
     args, w_o, w_S = make(op, gate)
     got = testing.packed_call(fn_of(lt, op), args, cu_of(), w_o, w_S, **knobs(op, C), mode=mode, recompute=recompute)
-    assert_same(got, reference(op, gate, C), 1e-6, f"{op} {gate} C={C} {mode} recompute={recompute}")
+    testing.assert_same_results(got, reference(op, gate, C), 1e-6, f"{op} {gate} C={C} {mode} recompute={recompute}")
     # empty sequences: final state = initial state, d initial state = d final state, exactly
     empty = [n for n, length in enumerate(LENGTHS) if length == 0]
     assert torch.equal(got[1][empty], args["initial_state"][empty])
     assert torch.equal(got[2]["initial_state"][empty], w_S[empty])
+
+
+def check_forward_alone(fn, args, o, S, kw):
+    """A packed forward's outputs and final states against each sequence run alone through fn."""
+    b = bounds()
+    for n, (s, e) in enumerate(zip(b, b[1:])):
+        h0 = args["initial_state"][n:n + 1]
+        if s == e:
+            assert torch.equal(S[n:n + 1], h0)
+            continue
+        x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
+        o_n, S_n = fn(**x, initial_state=h0, output_final_state=True, **kw)
+        assert testing.rel_err(o[:, s:e], o_n) <= 1e-6 and testing.rel_err(S[n:n + 1], S_n) <= 1e-6, (n, s, e)
 
 
 @pytest.mark.parametrize("mode", ["fused", "states"])
@@ -143,16 +147,12 @@ def test_packed_forward_without_autograd(C, mode):
     with testing.poisoned():
         o, S = fn(**args, cu_seqlens=cu, output_final_state=True, **kw)
         o0, S0 = fn(**{n: a for n, a in args.items() if n != "initial_state"}, cu_seqlens=cu, **kw)
+    check_forward_alone(fn, args, o, S, kw)
     b = bounds()
-    for n, (s, e) in enumerate(zip(b, b[1:])):
-        h0 = args["initial_state"][n:n + 1]
-        if s == e:
-            assert torch.equal(S[n:n + 1], h0)
-            continue
-        x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
-        o_n, S_n = fn(**x, initial_state=h0, output_final_state=True, **kw)
-        assert testing.rel_err(o[:, s:e], o_n) <= 1e-6 and testing.rel_err(S[n:n + 1], S_n) <= 1e-6, (n, s, e)
-        assert testing.rel_err(o0[:, s:e], fn(**x, **kw)[0]) <= 1e-6, (n, s, e)
+    for s, e in zip(b, b[1:]):                                 # without initial states: from zeros
+        if e > s:
+            x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
+            assert testing.rel_err(o0[:, s:e], fn(**x, **kw)[0]) <= 1e-6, (s, e)
     assert S0 is None
 
 
@@ -266,7 +266,7 @@ def test_delta_packed_equals_each_sequence_alone(variant, C, recompute, strength
     op, gate = DELTAS[variant]
     args, w_o, w_S = make_delta(op, gate, strength)
     got = testing.packed_call(fn_of(lt, op), args, cu_of(), w_o, w_S, chunk_size=C, recompute=recompute)
-    assert_same(got, delta_reference(op, gate, C, strength), 1e-6,
+    testing.assert_same_results(got, delta_reference(op, gate, C, strength), 1e-6,
                 f"{op} {gate} C={C} recompute={recompute} {strength}")
     assert set(got[2]) == set(args) and got[1].shape == (len(LENGTHS), H, K, V)
     empty = [n for n, length in enumerate(LENGTHS) if length == 0]
@@ -288,15 +288,7 @@ def test_delta_packed_forward_without_autograd():
         o0, S0 = lt.kda(**{n: a for n, a in args.items() if n != "initial_state"}, cu_seqlens=cu, chunk_size=64)
         o_z, _ = lt.kda(**dict(args, initial_state=torch.zeros_like(args["initial_state"])), cu_seqlens=cu,
                         chunk_size=64)
-    b = bounds()
-    for n, (s, e) in enumerate(zip(b, b[1:])):
-        h0 = args["initial_state"][n:n + 1]
-        if s == e:
-            assert torch.equal(S[n:n + 1], h0)
-            continue
-        x = {m: a[:, s:e] for m, a in args.items() if m != "initial_state"}
-        o_n, S_n = lt.kda(**x, initial_state=h0, output_final_state=True, chunk_size=64)
-        assert testing.rel_err(o[:, s:e], o_n) <= 1e-6 and testing.rel_err(S[n:n + 1], S_n) <= 1e-6, (n, s, e)
+    check_forward_alone(lt.kda, args, o, S, dict(chunk_size=64))
     assert torch.equal(o0, o_z) and S0 is None
     # Gated DeltaNet's W̃ (wy_stage), packed and alone
     args, _, _ = make("kda", "per_head", seed=4)
@@ -304,6 +296,7 @@ def test_delta_packed_forward_without_autograd():
     d = check_inputs(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], gate=True, delta=True)
     p = tdelta.plan(x["q"], x["g"], d, 16, gated.packed(cu, bounds(), 16))
     w = wy.absolute_w(tdelta.wy_stage(*(x[n] for n in ("q", "k", "v", "g", "beta")), p)["w"], x["g"], 16, cu)
+    b = bounds()
     for s, e in zip(b, b[1:]):
         if s < e:
             y = {n: a[:, s:e].contiguous() for n, a in x.items()}
@@ -361,7 +354,7 @@ def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
     args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
     w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
     got = testing.packed_call(fn, args, cu, w_o, w_S, **knobs(op, 64))
-    assert_same(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
+    testing.assert_same_results(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
     ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
     testing.assert_within_tolerance(got, ref, dtype)
 
