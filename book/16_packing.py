@@ -549,7 +549,7 @@ for ax, mode, title in zip(axes, ("forward", "train"), ("forward", "forward + ba
     ops_ = [op for op, m in by if m == mode]
     for i, (lay, name) in enumerate(layouts):
         x = [j + (i - 2) * width for j in range(len(ops_))]
-        tps = [sum(rec["setting"]["lengths"]) / by[op, mode][lay] if by[op, mode].get(lay) else 0 for op in ops_]
+        tps = [bench_packing.tokens_per_ms(by[op, mode], lay, rec["setting"]) or 0 for op in ops_]
         ax.bar(x, tps, width, label=name)
         for xj, t in zip(x, tps):
             if t == 0:                                    # FLA refused this backward on this toolchain

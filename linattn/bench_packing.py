@@ -47,7 +47,7 @@ def row_inputs(op: str, lengths, *, H, K, V, dtype, dev) -> tuple:
 
 
 def callables(op: str, mode: str, cfg: dict, dev: str) -> dict:
-    """layout -> a no-argument callable (or the reason there is none) for one op and mode."""
+    """layout -> a no-argument callable for one op and mode (None for "fla" where FLA is absent)."""
     from .dispatch import level_fn
 
     L = cfg["lengths"]

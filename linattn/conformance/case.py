@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .. import naive, outputs, testing
+from .. import bench, naive, outputs, testing
 from .matrix import VARIANTS
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -203,7 +203,7 @@ def run(case: dict, device, *, reference_mode: str = "naive", fla_hook=None) -> 
     row["seconds"] = round(time.perf_counter() - t0, 3)
     ref = row.pop("_ref", None)
     if case.get("fla") and not case.get("check"):
-        if fla_fn(case["variant"]) is None:
+        if bench.fla_fn(case["variant"]) is None:
             row["fla_result"] = {"status": "absent"}
         else:
             if fla_hook is not None:
@@ -245,15 +245,9 @@ def _regular(case, device, row, reference_mode):
 
 # ---------------------------------------------------------------- FLA beside ours
 
-def fla_fn(variant: str):
-    """FLA's chunk function for the variant, or None when fla is not importable."""
-    from ..bench import fla_fn as fn
-    return fn(variant)
-
-
 def fla(case, device, ref) -> dict:
     """FLA on the same inputs, against the same float64 reference: {'status', 'err', 'msg'}."""
-    fn = fla_fn(case["variant"])
+    fn = bench.fla_fn(case["variant"])
     if fn is None:
         return {"status": "absent"}
     if ref is None:

@@ -112,14 +112,14 @@ def packed(cu_seqlens, bounds, chunk_size: int) -> Packed:
     """The chunk tables of a packed row whose boundaries `bounds` (cu_seqlens validated and read to
     the host by `linattn.packing.check_cu_seqlens`) are those of `cu_seqlens`. An empty sequence
     has no chunk, and its entry in chunk_offsets equals the next one's."""
-    counts = [triton.cdiv(e - s, chunk_size) for s, e in zip(bounds, bounds[1:])]
+    lengths = [e - s for s, e in zip(bounds, bounds[1:])]
+    counts = [triton.cdiv(n, chunk_size) for n in lengths]
     offsets = [0]
     for n in counts:
         offsets.append(offsets[-1] + n)
     pairs = [(n, i) for n, count in enumerate(counts) for i in range(count)]
     dev = cu_seqlens.device
     indices = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(dev)
-    lengths = [e - s for s, e in zip(bounds, bounds[1:])]
     rows = max(1, sum(lengths) // max(1, max(lengths, default=0)))
     return Packed(cu_seqlens, indices, torch.tensor(offsets, dtype=torch.int64, device=dev),
                   len(counts), offsets[-1], chunk_size, rows)
