@@ -179,6 +179,7 @@ def test_narrow_blocks(monkeypatch):
     # partly masked: V = 100, K = 40
     monkeypatch.setitem(delta_backward.TUNING, "bv_state", 64)
     monkeypatch.setitem(delta_backward.TUNING, "bv_chunk", 32)
+    monkeypatch.setitem(delta_backward.TUNING, "bv_chunk_wide", 32)
     monkeypatch.setattr(wy_backward, "BK_GATES", 32)
     for gate in ("per_head", "per_dim"):
         a = inputs("kda", gate, 1, 20, 1, 40, 100, torch.float32, seed=6)

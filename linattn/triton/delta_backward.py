@@ -67,7 +67,17 @@ from .wy_backward import gate_stage, mm, precise
 # interpreter was right. Every launch here also follows common.MIN_TILE and common.warps (no tile
 # narrower than 32 columns, 8 warps only over tiles at least 64 wide), the rule that narrow tiles
 # came under natively.
-TUNING = dict(bv_state=64, bv_chunk=32, warps_state=8, warps_state_f32=4, warps_chunk=8)
+# The per-chunk kernel takes 64-wide V-blocks for 64- and 128-wide key tiles in bf16/fp16
+# (`chunk_block`), so that it runs with 8 warps (`common.warps` allows 8 only over tiles at least 64
+# wide): natively (H200, Triton 3.6, bf16, B = 8, T = 4096, H = 16, K = V = 128, chunk 64) it took
+# 1.25 ms for DeltaNet and 1.32 ms for KDA, against 2.83 and 3.52 ms with 32-wide blocks and 4 warps
+# and 2.56 / 3.27 ms with 64-wide blocks and 4 warps; pipeline stages (1, 2, 3) changed nothing.
+# Elsewhere the 64-wide blocks failed the native conformance matrix (H200, Triton 3.6) while the
+# 32-wide ones pass it: K = 16 with V ≥ 64 and chunk 64 in fp16 (4 warps: illegal memory accesses,
+# dk 0.83 relative), K = 256 with V ≥ 128 and chunks ≤ 32 in bf16 and fp16 (8 warps: dk and dβ
+# 7e-2 to inf), every variant; the interpreter is right at both. Float32's tf32x3 tiles keep
+# 32-wide blocks (untimed).
+TUNING = dict(bv_state=64, bv_chunk=32, bv_chunk_wide=64, warps_state=8, warps_state_f32=4, warps_chunk=8)
 
 
 def needs_backward(*xs) -> bool:
@@ -182,13 +192,19 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
                  ddl=outputs.empty((B, H, p.NT, K), **f32))
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
-    BV = tile(V, TUNING["bv_chunk"])
+    BV = chunk_block(p)
     launch(_dchunk_kernel, (p.NT, B * H),
         v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
         grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
         T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
         X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
     return grads, dv, db_v
+
+
+def chunk_block(p) -> int:
+    """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment)."""
+    wide = not precise(p) and 64 <= p.BK <= 128
+    return tile(p.V, TUNING["bv_chunk_wide" if wide else "bv_chunk"])
 
 
 # ---------------------------------------------------------------- kernels
