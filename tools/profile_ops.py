@@ -1,15 +1,20 @@
 """Where the time goes: GPU time per kernel for linattn.triton and FLA, same inputs (anchor setting).
 
-    python tools/profile_ops.py [--T 1024 32768] [--ops gla kda ...] [--calls 10]
+    python tools/profile_ops.py [--T 1024 32768] [--ops gla kda ...] [--calls 10] [--train]
+                                [--tuning MODULE.KEY=N ...]
 
 For each op and T, runs each implementation `calls` times under torch.profiler after a warm-up
 and prints the mean GPU time per call of every kernel it launched, longest first. This is the
 table that says which stage of a kernel pipeline to work on; tools/bench.py gives the end-to-end
-times. Needs CUDA.
+times. --train: forward + backward (linattn.bench.train_call) instead of the forward. --tuning
+sets a launch choice of linattn.triton.MODULE.TUNING before the first call, e.g.
+`--tuning delta_backward.bv_chunk_wide=32 wy_backward.warps_no_gate=8`, to time the kernels with
+another one. Needs CUDA.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +25,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from linattn import bench  # noqa: E402
+from linattn.dispatch import level_fn  # noqa: E402
 
 
 def kernel_times(fn, calls: int) -> dict:
@@ -37,16 +43,35 @@ def kernel_times(fn, calls: int) -> dict:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
+def set_tuning(item: str):
+    """MODULE.KEY=N: linattn.triton.MODULE.TUNING[KEY] = N (KEY must exist there)."""
+    name, _, value = item.partition("=")
+    module, _, key = name.partition(".")
+    tuning = getattr(importlib.import_module(f"linattn.triton.{module}"), "TUNING", None)
+    if tuning is None or key not in tuning or not value.lstrip("-").isdigit():
+        raise SystemExit(f"--tuning {item}: expected MODULE.KEY=N with KEY in linattn.triton.MODULE.TUNING")
+    tuning[key] = int(value)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[1024, 32768])
     p.add_argument("--ops", nargs="+", default=list(bench.OPS))
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--train", action="store_true", help="forward + backward")
+    p.add_argument("--tuning", nargs="+", default=[], metavar="MODULE.KEY=N")
     a = p.parse_args()
+    for item in a.tuning:
+        set_tuning(item)
     for T in a.T:
         for op in a.ops:
             args = bench.anchor_inputs(op, T)
-            impls = {"ours": bench.library_call(op, "triton", args), "fla": bench.fla_call(op, args)}
+            if a.train:
+                fla = bench.fla_fn(op)
+                impls = {"ours": bench.train_call(level_fn(bench.OPS[op][0], "triton"), args),
+                         "fla": None if fla is None else bench.train_call(fla, args)}
+            else:
+                impls = {"ours": bench.library_call(op, "triton", args), "fla": bench.fla_call(op, args)}
             for name, fn in impls.items():
                 if fn is None:
                     continue
