@@ -57,9 +57,9 @@ from .wy_backward import gate_stage, mm, precise
 # length tried up to 64) or returned a wrong initial-state gradient (0.47 relative), while 64-wide
 # blocks were right at every length, batch, head count and dtype tried; the interpreter was right
 # with either.
-# 8 warps: compiled for sm_90 on a CPU (bf16, K = V = 128, C = 64), the spill stack of the reverse
-# pass falls from 0.9–1.5 KB to 0.3 KB and that of the per-chunk kernel from 3.2 KB to 0.6–1.0 KB
-# against 4 warps; not yet timed on a GPU. Launched through `common.launch` (the most pipeline
+# 8 warps for the reverse pass: compiled for sm_90 on a CPU (bf16, K = V = 128, C = 64), its spill
+# stack falls from 0.9–1.5 KB to 0.3 KB against 4 warps; not yet timed on a GPU (the per-chunk
+# kernel's warps: below). Launched through `common.launch` (the most pipeline
 # stages that fit): in float32 the reverse pass's tiles at BV = 64 need 353 KB of shared memory
 # with Triton's default stages, over an H200's 227 KB.
 # Float32 tiles natively (tf32x3 products) take the reverse pass with 4 warps: with 8, on an H200
