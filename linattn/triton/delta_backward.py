@@ -76,7 +76,7 @@ from .wy_backward import gate_stage, mm, precise
 # 32-wide ones pass it: K = 16 with V ≥ 64 and chunk 64 in fp16 (4 warps: illegal memory accesses,
 # dk 0.83 relative), K = 256 with V ≥ 128 and chunks ≤ 32 in bf16 and fp16 (8 warps: dk and dβ
 # 7e-2 to inf), every variant; the interpreter is right at both. Float32's tf32x3 tiles keep
-# 32-wide blocks (untimed).
+# 32-wide blocks (untimed), and so do packed rows (VARLEN: natively unverified with 64-wide ones).
 TUNING = dict(bv_state=64, bv_chunk=32, bv_chunk_wide=64, warps_state=8, warps_state_f32=4, warps_chunk=8)
 
 
@@ -202,8 +202,9 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
 
 
 def chunk_block(p) -> int:
-    """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment)."""
-    wide = not precise(p) and 64 <= p.BK <= 128
+    """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment).
+    Packed rows (their own compiled variant, VARLEN) keep 32-wide blocks until theirs is verified."""
+    wide = not precise(p) and 64 <= p.BK <= 128 and p.seqs is None
     return tile(p.V, TUNING["bv_chunk_wide" if wide else "bv_chunk"])
 
 
