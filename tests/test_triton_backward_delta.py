@@ -289,3 +289,25 @@ def test_no_second_derivative():
     (dq,) = torch.autograd.grad((o * w).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         dq.sum().backward()
+
+
+def test_wide_blocks_that_do_not_fit_fall_back(monkeypatch):
+    # a GPU with too little shared memory for the per-chunk kernel's 64-wide V-blocks (a T4 at
+    # K = V = 128): common.launch refuses them with an InputError, and the backward launches the
+    # 32-wide ones instead, with the same gradients
+    from linattn.validate import InputError
+    real, tried = delta_backward.launch, []
+
+    def launch(kernel, grid, *args, **kw):
+        if kernel is delta_backward._dchunk_kernel:
+            tried.append(kw["BV"])
+            if kw["BV"] == delta_backward.TUNING["bv_chunk_wide"]:
+                raise InputError("does not fit this GPU (simulated)")
+        return real(kernel, grid, *args, **kw)
+    monkeypatch.setattr(delta_backward, "launch", launch)
+    a = inputs("kda", "per_head", 1, 20, 1, 64, 64, torch.float32, seed=8)       # BK = 64: wide
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    got, _ = ours("kda", a, dO, dS, chunk_size=16)
+    assert tried == [64, 32]
+    assert_close(got, ref, GRAD_TOL[torch.float32])

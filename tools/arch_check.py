@@ -51,7 +51,19 @@ ARCHS = {
 REGS_PER_THREAD = 255          # every architecture here
 REGS_PER_SM = 64 * 1024        # registers a block of num_warps · 32 threads may take at most
 # Launches whose not fitting the wrapper handles itself (it catches OutOfResources).
-FALLBACKS = {"_fused_kernel": "runs in states mode"}
+FALLBACKS = {"_fused_kernel": "runs in states mode",
+             "_dchunk_kernel": "32-wide V-blocks (delta_backward.dchunk_stage)"}
+
+
+def fallback(r) -> str | None:
+    """What the wrapper does where this launch does not fit, if it handles that itself: the fused GLA
+    program runs in states mode; the delta rules' per-chunk kernel with its 64-wide V-blocks
+    (bf16/fp16) retries with the 32-wide ones."""
+    name = r.fn.__name__
+    if name == "_dchunk_kernel":
+        c = _constexprs(r)
+        return FALLBACKS[name] if c.get("BV") == 64 and not c.get("IEEE") else None
+    return FALLBACKS.get(name)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -444,8 +456,8 @@ def fit_stages(r: Record, cc: int, depth: str = "cubin") -> dict:
             break
     res["fits"] = fits(res, cc, r.warps)
     if not res["fits"] and "error" not in res:
-        if r.fn.__name__ in FALLBACKS:
-            res["fallback"] = FALLBACKS[r.fn.__name__]
+        if fallback(r):
+            res["fallback"] = fallback(r)
         elif r.max_stages is not None:
             res["refused"] = "InputError from common.launch"
     return res

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from ..validate import first_order
+from ..validate import InputError, first_order
 from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
 from .gated import _packed_chunk, _packed_seq
@@ -192,17 +192,29 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
                  ddl=outputs.empty((B, H, p.NT, K), **f32))
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
-    BV = chunk_block(p)
-    launch(_dchunk_kernel, (p.NT, B * H),
-        v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
-        grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
-        T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
+
+    def run(BV):
+        launch(_dchunk_kernel, (p.NT, B * H),
+            v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
+            grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
+            T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+            X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
+
+    BV, narrow = chunk_block(p), tile(V, TUNING["bv_chunk"])
+    try:
+        run(BV)
+    except InputError:
+        if BV == narrow:
+            raise
+        # the wide blocks do not fit this GPU even with one stage (a T4: 80 KB at K = V = 128,
+        # chunk 64, against 64 KB per block); the narrow ones did before this launch was widened
+        run(narrow)
     return grads, dv, db_v
 
 
 def chunk_block(p) -> int:
-    """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment).
+    """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment);
+    where those do not fit the GPU, `dchunk_stage` launches the 32-wide ones instead.
     Packed rows (their own compiled variant, VARLEN) keep 32-wide blocks until theirs is verified."""
     wide = not precise(p) and 64 <= p.BK <= 128 and p.seqs is None
     return tile(p.V, TUNING["bv_chunk_wide" if wide else "bv_chunk"])
