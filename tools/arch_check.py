@@ -54,16 +54,6 @@ REGS_PER_SM = 64 * 1024        # registers a block of num_warps · 32 threads ma
 FALLBACKS = {"_fused_kernel": "runs in states mode",
              "_dchunk_kernel": "32-wide V-blocks (delta_backward.dchunk_stage)"}
 
-
-def fallback(r) -> str | None:
-    """What the wrapper does where this launch does not fit, if it handles that itself: the fused GLA
-    program runs in states mode; the delta rules' per-chunk kernel with its 64-wide V-blocks
-    (bf16/fp16) retries with the 32-wide ones."""
-    name = r.fn.__name__
-    if name == "_dchunk_kernel":
-        c = _constexprs(r)
-        return FALLBACKS[name] if c.get("BV") == 64 and not c.get("IEEE") else None
-    return FALLBACKS.get(name)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -445,6 +435,19 @@ def fits(res: dict, cc: int, warps: int) -> bool:
     return regs <= REGS_PER_THREAD and regs * warps * 32 <= REGS_PER_SM
 
 
+def fallback(r: Record) -> str | None:
+    """What the wrapper does where this launch does not fit, if it handles that itself (FALLBACKS):
+    the fused GLA program runs in states mode; the delta rules' per-chunk kernel with its wide
+    V-blocks (bf16/fp16, `delta_backward.chunk_block`) retries with the narrow ones."""
+    name = r.fn.__name__
+    if name == "_dchunk_kernel":
+        from linattn.triton.delta_backward import TUNING
+        c = _constexprs(r)
+        wide = c.get("BV") == TUNING["bv_chunk_wide"] and not c.get("IEEE")
+        return FALLBACKS[name] if wide else None
+    return FALLBACKS.get(name)
+
+
 def fit_stages(r: Record, cc: int, depth: str = "cubin") -> dict:
     """What the wrapper's launch ends with on sm_cc: the recorded stages, or through common.launch the
     most stages from max_stages down that fit; where none does, launch raises an InputError naming
@@ -456,8 +459,9 @@ def fit_stages(r: Record, cc: int, depth: str = "cubin") -> dict:
             break
     res["fits"] = fits(res, cc, r.warps)
     if not res["fits"] and "error" not in res:
-        if fallback(r):
-            res["fallback"] = fallback(r)
+        handled = fallback(r)
+        if handled:
+            res["fallback"] = handled
         elif r.max_stages is not None:
             res["refused"] = "InputError from common.launch"
     return res

@@ -200,7 +200,7 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
             T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
             X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
 
-    BV, narrow = chunk_block(p), tile(V, TUNING["bv_chunk"])
+    BV, narrow = chunk_block(p), chunk_block(p, narrow=True)
     try:
         run(BV)
     except InputError:
@@ -212,11 +212,11 @@ def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
     return grads, dv, db_v
 
 
-def chunk_block(p) -> int:
+def chunk_block(p, narrow: bool = False) -> int:
     """V-block of the per-chunk kernel: 64 wide only where natively verified (TUNING's comment);
-    where those do not fit the GPU, `dchunk_stage` launches the 32-wide ones instead.
+    where those do not fit the GPU, `dchunk_stage` launches the 32-wide ones (narrow=True) instead.
     Packed rows (their own compiled variant, VARLEN) keep 32-wide blocks until theirs is verified."""
-    wide = not precise(p) and 64 <= p.BK <= 128 and p.seqs is None
+    wide = not narrow and not precise(p) and 64 <= p.BK <= 128 and p.seqs is None
     return tile(p.V, TUNING["bv_chunk_wide" if wide else "bv_chunk"])
 
 
