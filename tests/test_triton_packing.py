@@ -55,9 +55,10 @@ def cu_of(lengths=LENGTHS):
     return torch.tensor(bounds(lengths), dtype=torch.int64, device=DEV)
 
 
-def make(op, gate, lengths=LENGTHS, seed=0, dtype=F32):
+def make(op, gate, lengths=LENGTHS, seed=0, dtype=F32, dims=(H, K, V)):
     """Packed inputs [1, T, ...], one initial state per sequence, incoming gradients w_o, w_S."""
     T, N = sum(lengths), len(lengths)
+    H, K, V = dims
     args = testing.make_inputs(op, B=1, T=T, H=H, K=K, V=V, gate=gate or "per_dim", seed=seed, device=DEV)
     gen = torch.Generator().manual_seed(seed + 1)
     args["initial_state"] = torch.randn(N, H, K, V, generator=gen).to(DEV)
@@ -342,7 +343,7 @@ def test_layers_take_packed_rows_at_the_triton_level(name):
 # gradients — packed = alone (the same arithmetic, so far tighter than the dtype's tolerance), and
 # within the dtype's tolerance of the chunk level's float64 on the same packed row.
 NATIVE_LENGTHS = [1, 1500, 63, 0, 65, 700, 16, 64]
-SAME = {F32: 1e-5, torch.bfloat16: 2e-3}
+SAME = {F32: 1e-5, torch.bfloat16: 2e-3, torch.float16: 1e-3}
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="compiled kernels: a GPU only")
@@ -356,6 +357,32 @@ def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
     got = testing.packed_call(fn, args, cu, w_o, w_S, **knobs(op, 64))
     testing.assert_same_results(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
     ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    testing.assert_within_tolerance(got, ref, dtype)
+
+
+# Natively only: packed rows at the head dims models use (the tests above run K = V = 16), where the
+# compiled kernels take other tiles: 64- and 128-wide key blocks, 256-wide value or key heads split
+# into blocks, K != V; bf16 and fp16 inputs, chunks of 32 and 64. Packed = each sequence alone (the
+# same kernels' unpacked variant) and within the dtype's tolerance of float64 on the same row.
+MODEL_DIMS = [(64, 128, torch.bfloat16), (128, 128, torch.bfloat16), (128, 128, torch.float16),
+              (128, 256, torch.bfloat16), (256, 128, torch.bfloat16)]
+MODEL_LENGTHS = [1, 300, 63, 0, 65, 129, 16]
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="compiled kernels: a GPU only")
+@pytest.mark.parametrize("C", [32, 64])
+@pytest.mark.parametrize("K_,V_,dtype", MODEL_DIMS, ids=[f"K{k}-V{v}-{str(d)[6:]}" for k, v, d in MODEL_DIMS])
+@pytest.mark.parametrize("op,gate", GATES + DELTAS, ids=GATE_IDS + DELTA_IDS)
+def test_native_packed_rows_at_model_head_dims(op, gate, K_, V_, dtype, C):
+    L = MODEL_LENGTHS
+    args, w_o, w_S = make(op, gate, lengths=L, seed=8, dims=(2, K_, V_))
+    args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
+    w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
+    kw = knobs(op, C)
+    got = testing.packed_call(fn, args, cu, w_o, w_S, **kw)
+    what = f"{op} {gate} K={K_} V={V_} {dtype} C={C}"
+    testing.assert_same_results(got, alone(fn, args, L, w_o, w_S, **kw), SAME[dtype], what)
+    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=C)
     testing.assert_within_tolerance(got, ref, dtype)
 
 
