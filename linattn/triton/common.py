@@ -106,6 +106,19 @@ def dot_x3(a, b, IEEE: tl.constexpr):
     return tl.dot(a, b, input_precision="tf32x3")
 
 
+@triton.jit
+def dot_split(a, b, IEEE: tl.constexpr):
+    """a @ b for a computed float32 tile a and a tile b exact in its own dtype (an input: dO, v) to
+    about float32 precision. For bf16 b: a = hi + lo with hi = bf16(a) and lo = bf16(a − hi), two bf16
+    products (a's error ~2⁻¹⁷ relative, b exact) where three tf32 products (`dot_x3`) cost the tensor
+    cores three times as much; for fp16 or float32 b, `dot_x3`."""
+    if b.dtype == tl.bfloat16:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(lo, b, tl.dot(hi, b))
+    return dot_x3(a, b.to(tl.float32), IEEE)
+
+
 def check_kernel_inputs(q) -> None:
     """What the kernels add to linattn.validate: a dtype they compute in, a device they run on."""
     if q.dtype not in TRITON_DTYPES:

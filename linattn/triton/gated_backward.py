@@ -61,7 +61,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_x3, gate_floor, kernel, launch,
+from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_split, gate_floor, kernel, launch,
                      operand, stage, warps)
 from . import gated
 from .gated import (DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK, _gate_row, _packed_chunk, _packed_seq,
@@ -392,7 +392,7 @@ def _dv_kernel(q, k, b, A, do, dh, dv, T, H, K, V, NT, scale, C: tl.constexpr, B
         if GATE == 2:
             # A is a float32 intermediate: rounded to bf16 (or tf32) here it cost dv ~1.2× FLA's
             # error, which takes this product in full float32 precision
-            acc += scale * dot_x3(tl.trans(A_tj), do_t.to(tl.float32), IEEE)
+            acc += scale * dot_split(tl.trans(A_tj), do_t, IEEE)
         else:
             acc += scale * dot(tl.trans(A_tj).to(COMPUTE), do_t, IEEE)
     tl.store(dv + v_base + cols[:, None] * H * V + offs_v[None, :], acc.to(dv.dtype.element_ty),
