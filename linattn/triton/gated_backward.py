@@ -529,6 +529,26 @@ def state_dtype(gate: int):
     return None if gate == NO_GATE else torch.float32
 
 
+# Launches of `_dv_kernel` and `_dqk_kernel` with half-precision inputs, timed natively (H200, Triton
+# 3.6; bf16, B = 8, T = 4096, H = 16, K = V = 128, chunk 64, per-dimension gates, torch.profiler):
+# _dqk_kernel with float32 states 1.79 ms at 8 warps and 3 stages, 1.78 at 4 warps and 3, 1.20 at 4
+# warps and 2; _dv_kernel 0.95 ms at 8 warps, 0.45 at 4 (per-dimension gates: its A·dO are two bf16
+# products per tile, `common.dot_split`). Without gates the states keep the input's dtype and the
+# 8-warp launches stay (with 4, ptxas for sm_90 spilled 648 bytes per thread in _dqk_kernel, bf16,
+# K = 128, C = 64); per-head gates keep 8 warps for _dv_kernel (not timed with 4).
+def dv_warps(gate: int, ieee: bool, BV: int) -> int:
+    """Warps of `_dv_kernel`: 4 for float32 tiles and for per-dimension gates, else 8 where wide."""
+    return 4 if ieee or gate == DIM_GATE else warps(8, BV)
+
+
+def dqk_launch(gate: int, ieee: bool, BK: int, BV: int) -> tuple[int, int]:
+    """(warps, most pipeline stages) of `_dqk_kernel`: 4 and 2 where gated half-precision inputs
+    meet float32 states (`state_dtype`), else 8 where wide and 3."""
+    if gate != NO_GATE and not ieee:
+        return 4, 2
+    return warps(8, BK, BV), 3
+
+
 def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None):
     """Step 1 of `backward`, `_dstates_kernel` over every chunk from the last: dh [B, H, NT, K, V]
     (dh_dtype; the gradient of the state after each chunk) and ds0 [B, H, K, V] float32 (None unless
@@ -621,7 +641,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     with stage(timer, "dv"):
         last_launch["dv"] = launch(
             _dv_kernel, (triton.cdiv(V, BVv), NT * (C // BRv), B * H), q, k, bp, A if A is not None else q, do, dh,
-            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=4 if IEEE else warps(8, BVv), **common,
+            dv, T, H, K, V, NT, d.scale, BR=BRv, BK=BKv, BV=BVv, num_warps=dv_warps(gate, IEEE, BVv), **common,
             **chunks)
 
     # 5. dq, dk (state parts added) and ∂L/∂b
@@ -635,12 +655,11 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
         totw = outputs.empty((B, NB, H, K), dtype=torch.float32, device=dev)
     BVq = min(block(V), GRAD_BLOCK)
     with stage(timer, "dq, dk"):
-        # 8 warps: with 4, ptxas for sm_90 spilled 648 bytes per thread (bf16, K = 128, C = 64)
+        w, most = dqk_launch(gate, IEEE, BK, BVq)
         last_launch["dqk"] = launch(
             _dqk_kernel, (triton.cdiv(K, BK), NB, B * H), q, k, v, bp, do, h, dh, dqi, dki, dq, dk,
             db if db is not None else q, tot if tot is not None else q, totw if totw is not None else q, T, H, K,
-            V, NT, d.scale, BR=BR, BK=BK,
-            BV=BVq, num_warps=warps(8, BK, BVq), **common, **chunks)
+            V, NT, d.scale, BR=BR, BK=BK, BV=BVq, num_warps=w, max_stages=most, **common, **chunks)
 
     # 6. dg: each row block's own sums were written by _dqk_kernel; when a chunk has several row
     # blocks (C > BR), each adds the reverse totals of the chunk's later blocks and the write totals
