@@ -81,8 +81,8 @@ def test_stage_rules_stay_as_narrow_as_the_faults(monkeypatch):
 
 def test_wide_chunk_blocks_only_where_verified(monkeypatch):
     """The per-chunk kernel's 64-wide V-blocks (8 warps) only at 64- and 128-wide key tiles in
-    bf16/fp16, unpacked: at K = 16 and K = 256 they failed natively, and float32 and packed rows keep
-    the blocks verified natively before."""
+    bf16/fp16, packed rows too: at K = 16 and K = 256 they failed natively, and float32 keeps the
+    blocks verified natively before."""
     from types import SimpleNamespace as P
     from linattn.triton import wy_backward
     monkeypatch.setattr(backward, "precise", lambda p: p.ieee)          # as natively (X3 products)
@@ -94,7 +94,7 @@ def test_wide_chunk_blocks_only_where_verified(monkeypatch):
     assert block(BK=32, V=64) == narrow                 # K = 16: faulted
     assert block(BK=256, V=256) == narrow               # K = 256: wrong dk
     assert block(ieee=True) == narrow                   # float32
-    assert block(seqs=object()) == narrow               # packed rows: not verified natively
+    assert block(seqs=object()) == wide                 # packed rows: the same rule (test_triton_packing)
     assert block(V=32) == 32                            # all of a narrow V
     monkeypatch.setattr(wy_backward, "precise", lambda p: p.ieee)
     assert wy_backward.gate_warps(P(ieee=False, gate=0)) == wy_backward.TUNING["warps_no_gate"]
