@@ -769,18 +769,23 @@ else:
     for op, (lo, hi, mem) in fam.items():
         print(f"{op:18s} ours/FLA time {lo:.2f}–{hi:.2f}, peak memory ours/FLA {mem:.2f}")
     # what the text below says, read from the recorded run
-    assert 0.9 < fam["gla"][0] and fam["gla"][1] < 1.1 and fam["kda"][1] < 1
-    assert fam["linear_attn"][0] > 1 and fam["delta_rule"][0] > 1
-    assert fam["gla"][2] < 1 and fam["kda"][2] < 1 < fam["linear_attn"][2] < fam["delta_rule"][2]
+    assert 1 < fam["gla"][0] and fam["gla"][1] < 1.4 and fam["kda"][1] < 1
+    assert fam["linear_attn"][1] > 1 and fam["delta_rule"][0] > 1
+    assert fam["kda"][2] < 1 < fam["linear_attn"][2] < fam["delta_rule"][2] and abs(fam["gla"][2] - 1) < 0.05
 
 # %% [markdown]
-# Read it by family, with the last printout's ratios (below 1: ours faster or smaller). GLA with
-# per-dimension gates trains at about FLA's speed, and KDA faster than FLA at every length; linear
-# attention and DeltaNet take longer (§9 shows where: for DeltaNet the per-chunk gradients through
-# the WY transform and the reverse pass). GLA's forward + backward costs about the same at every
-# length (the work per token is fixed), while SDPA's grows with $T$, so the lines cross where the
-# figure's printout says. GLA and KDA hold less memory than FLA's; linear attention a little more,
-# DeltaNet more still (it keeps the chunks' C×C matrices for the backward).
+# Read it by family, with the last printout's ratios (below 1: ours faster or smaller). KDA trains
+# faster than FLA at every length. GLA with per-dimension gates takes longer than FLA's `chunk_gla`:
+# part of that is the price of the precision rules of §12 (float32 states, tf32 products of computed
+# operands, a near-float32 $P^\top dO$), which bring its gate gradient level with FLA's, and part is
+# kernels that are slower than FLA's at the same work — `docs/performance.md` times both, kernel by
+# kernel. Linear attention is about level with FLA at the shortest sequences and slower at the
+# longer ones, DeltaNet slower everywhere (§9 shows where: the per-chunk gradients through the WY
+# transform and the reverse pass). GLA's forward + backward costs about the same at every length
+# (the work per token is fixed), while SDPA's grows with $T$, so the lines cross where the figure's
+# printout says. GLA holds as much memory as FLA (both keep float32 states for the backward), KDA
+# less; linear attention a little more, DeltaNet more still (it keeps the chunks' C×C matrices for
+# the backward).
 
 # %% [markdown]
 # ## 11. The delta rules' backward kernels
@@ -1005,8 +1010,11 @@ if budget is not None:
 #   $e^{b_C}\odot\sum_v h\odot D$ is an elementwise sum, and bf16 states rounded it to three digits;
 # * operands computed in float32 — the decayed queries and keys of the split and of the
 #   off-diagonal tiles — enter the tensor cores as float32 (tf32 products), not rounded to bf16;
-# * $dv$'s intra-chunk product $P^\top dO$ runs at about float32 precision (three tf32 products),
-#   because $P$ is a float32 intermediate the next rounding would cost $dv$ directly.
+# * $dv$'s intra-chunk product $P^\top dO$ runs at about float32 precision, because $P$ is a float32
+#   intermediate the next rounding would cost $dv$ directly. For bf16 inputs $dO$ is exact in bf16,
+#   so $P$ is split into a bf16 high part and a bf16 remainder, $P = P_{hi} + P_{lo}$, and the product
+#   is two bf16 products with $P$'s error near $2^{-17}$; for fp16 inputs three tf32 products
+#   (`common.dot_split`).
 #
 # Each rule costs time (measured in `docs/performance.md`); where precision and speed pull apart,
 # the library takes precision.
