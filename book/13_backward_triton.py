@@ -720,7 +720,7 @@ else:
     ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_xlabel("sequence length T")
-    for line in ax.get_lines():               # ours and FLA's nearly coincide: tell them apart
+    for line in ax.get_lines():               # FLA's line dashed, open squares: apart from ours
         if line.get_label() == "FLA chunk_gla":
             line.set(ls="--", marker="s", mfc="none", ms=9)
     ax.legend(fontsize=7)
