@@ -1,7 +1,7 @@
 """Where the time goes: GPU time per kernel for linattn.triton and FLA, same inputs (anchor setting).
 
     python tools/profile_ops.py [--T 1024 32768] [--ops gla kda ...] [--calls 10] [--train]
-                                [--tuning MODULE.KEY=N ...]
+                                [--tuning MODULE.KEY=N ...] [--launch KERNEL.ARG=N ...]
 
 For each op and T, runs each implementation `calls` times under torch.profiler after a warm-up
 and prints the mean GPU time per call of every kernel it launched, longest first. This is the
@@ -9,7 +9,10 @@ table that says which stage of a kernel pipeline to work on; tools/bench.py give
 times. --train: forward + backward (linattn.bench.train_call) instead of the forward. --tuning
 sets a launch choice of linattn.triton.MODULE.TUNING before the first call, e.g.
 `--tuning delta_backward.bv_chunk_wide=32 wy_backward.warps_no_gate=8`, to time the kernels with
-another one. Needs CUDA.
+another one. --launch overrides one keyword argument of every launch of a kernel made through
+`common.launch` (num_warps, max_stages or a block constexpr such as BV), e.g.
+`--launch _dqk_kernel.num_warps=8 _dqk_kernel.max_stages=3 _dv_kernel.num_warps=8`; a named kernel
+that never launches through it, or an argument it is not given, stops the run. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -53,6 +56,53 @@ def set_tuning(item: str):
     tuning[key] = int(value)
 
 
+LAUNCH: dict = {}          # kernel name -> {keyword argument: value}, from --launch
+SEEN: set = set()          # (kernel name, argument) overrides applied at least once
+
+
+def set_launch(item: str):
+    """KERNEL.ARG=N: every common.launch of KERNEL gets ARG=N."""
+    name, _, value = item.partition("=")
+    kernel, _, arg = name.partition(".")
+    if not kernel or not arg or not value.lstrip("-").isdigit():
+        raise SystemExit(f"--launch {item}: expected KERNEL.ARG=N, e.g. _dqk_kernel.num_warps=4")
+    LAUNCH.setdefault(kernel, {})[arg] = int(value)
+
+
+def overriding(launch):
+    """common.launch with LAUNCH's arguments put in for the kernels it names."""
+    def launch_with(kernel, grid, *args, **kw):
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "")
+        for arg, value in LAUNCH.get(name, {}).items():
+            if arg not in kw and arg not in ("num_warps", "max_stages"):
+                raise SystemExit(f"--launch {name}.{arg}: {name} is not launched with {arg}")
+            kw[arg] = value
+            SEEN.add((name, arg))
+        return launch(kernel, grid, *args, **kw)
+    return launch_with
+
+
+def install_launch_overrides():
+    """Every linattn.triton module's `launch` (bound at import) goes through `overriding`."""
+    if not LAUNCH:
+        return
+    import pkgutil
+    import linattn.triton as lt
+    from linattn.triton import common
+    original = common.launch
+    rerouted = overriding(original)
+    for info in pkgutil.iter_modules(lt.__path__):
+        module = importlib.import_module(f"linattn.triton.{info.name}")
+        if getattr(module, "launch", None) is original:
+            module.launch = rerouted
+
+
+def check_launch_overrides():
+    missing = [f"{k}.{a}" for k, args in LAUNCH.items() for a in args if (k, a) not in SEEN]
+    if missing:
+        raise SystemExit(f"--launch {' '.join(missing)}: no launch of that kernel went through common.launch")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[1024, 32768])
@@ -60,9 +110,13 @@ def main():
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--train", action="store_true", help="forward + backward")
     p.add_argument("--tuning", nargs="+", default=[], metavar="MODULE.KEY=N")
+    p.add_argument("--launch", nargs="+", default=[], metavar="KERNEL.ARG=N")
     a = p.parse_args()
     for item in a.tuning:
         set_tuning(item)
+    for item in a.launch:
+        set_launch(item)
+    install_launch_overrides()
     for T in a.T:
         for op in a.ops:
             args = bench.anchor_inputs(op, T)
@@ -85,6 +139,7 @@ def main():
                       " + ".join(f"{k} {v:.3f}" for k, v in t.items() if v > 0.002), flush=True)
             del args
             torch.cuda.empty_cache()
+    check_launch_overrides()
 
 
 if __name__ == "__main__":
