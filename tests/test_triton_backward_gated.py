@@ -249,3 +249,18 @@ def test_train_benchmark_runs_at_toy_size(tmp_path):
     md = tool.markdown({"env": {"device": "x", "date": "x", "torch": "x", "triton": "x", "fla": None},
                         "size": {n: x for n, x in size.items() if n != "device"}, "train": res})
     assert "Forward + backward" in md and "Backward stages of linear_attn" in md
+
+
+def test_launch_rules_are_the_natively_timed_ones():
+    """_dqk_kernel takes 4 warps and at most 2 stages only where gated half-precision inputs meet
+    float32 states, _dv_kernel 4 warps for per-dimension gates (gated_backward's timing comment);
+    elsewhere the 8-warp launches (4 for float32 tiles) stay."""
+    gb = gated_backward
+    assert gb.dqk_launch(gb.DIM_GATE, False, 64, 64) == (4, 2)
+    assert gb.dqk_launch(gb.HEAD_GATE, False, 64, 64) == (4, 2)
+    assert gb.dqk_launch(gb.NO_GATE, False, 64, 64) == (8, 3)      # bf16 states: the spill at 4
+    assert gb.dqk_launch(gb.DIM_GATE, True, 64, 64) == (8, 3)      # float32 inputs: not timed
+    assert gb.dqk_launch(gb.NO_GATE, False, 32, 64) == (4, 3)      # narrow tiles: common.warps
+    assert gb.dv_warps(gb.DIM_GATE, False, 64) == 4
+    assert gb.dv_warps(gb.HEAD_GATE, False, 64) == gb.dv_warps(gb.NO_GATE, False, 64) == 8
+    assert gb.dv_warps(gb.NO_GATE, True, 64) == 4
