@@ -350,13 +350,19 @@ SAME = {F32: 1e-5, torch.bfloat16: 2e-3, torch.float16: 1e-3}
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("op,gate", GATES + DELTAS, ids=GATE_IDS + DELTA_IDS)
 def test_native_packed_documents_of_one_to_thousands_of_tokens(op, gate, dtype):
-    L = NATIVE_LENGTHS
-    args, w_o, w_S = make(op, gate, lengths=L, seed=6)
+    check_native_packed(op, gate, dtype, NATIVE_LENGTHS, seed=6, C=64)
+
+
+def check_native_packed(op, gate, dtype, lengths, *, seed, C, dims=(H, K, V)):
+    """q, k, v in dtype on a packed row of `lengths`: packed = each sequence alone within SAME[dtype],
+    and within dtype's tolerance of the chunk level's float64 on the same row."""
+    args, w_o, w_S = make(op, gate, lengths=lengths, seed=seed, dims=dims)
     args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
-    w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
-    got = testing.packed_call(fn, args, cu, w_o, w_S, **knobs(op, 64))
-    testing.assert_same_results(got, alone(fn, args, L, w_o, w_S, **knobs(op, 64)), SAME[dtype], f"{op} {gate} {dtype}")
-    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=64)
+    w_o, cu, fn, kw = w_o.to(dtype), cu_of(lengths), fn_of(lt, op), knobs(op, C)
+    got = testing.packed_call(fn, args, cu, w_o, w_S, **kw)
+    what = f"{op} {gate} H, K, V = {dims} {dtype} C={C}"
+    testing.assert_same_results(got, alone(fn, args, lengths, w_o, w_S, **kw), SAME[dtype], what)
+    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=C)
     testing.assert_within_tolerance(got, ref, dtype)
 
 
@@ -374,16 +380,7 @@ MODEL_LENGTHS = [1, 300, 63, 0, 65, 129, 16]
 @pytest.mark.parametrize("K_,V_,dtype", MODEL_DIMS, ids=[f"K{k}-V{v}-{str(d)[6:]}" for k, v, d in MODEL_DIMS])
 @pytest.mark.parametrize("op,gate", GATES + DELTAS, ids=GATE_IDS + DELTA_IDS)
 def test_native_packed_rows_at_model_head_dims(op, gate, K_, V_, dtype, C):
-    L = MODEL_LENGTHS
-    args, w_o, w_S = make(op, gate, lengths=L, seed=8, dims=(2, K_, V_))
-    args.update({n: args[n].to(dtype) for n in ("q", "k", "v")})
-    w_o, cu, fn = w_o.to(dtype), cu_of(L), fn_of(lt, op)
-    kw = knobs(op, C)
-    got = testing.packed_call(fn, args, cu, w_o, w_S, **kw)
-    what = f"{op} {gate} K={K_} V={V_} {dtype} C={C}"
-    testing.assert_same_results(got, alone(fn, args, L, w_o, w_S, **kw), SAME[dtype], what)
-    ref = testing.packed_call(fn_of(chunk, op), testing.to_float64(args), cu, w_o.double(), w_S.double(), chunk_size=C)
-    testing.assert_within_tolerance(got, ref, dtype)
+    check_native_packed(op, gate, dtype, MODEL_LENGTHS, seed=8, C=C, dims=(2, K_, V_))
 
 
 def test_chunk_tables_are_built_once_per_cu_seqlens_and_again_after_a_change():
