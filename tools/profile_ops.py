@@ -46,10 +46,16 @@ def kernel_times(fn, calls: int) -> dict:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
+def assignment(item: str) -> tuple[str, str, str]:
+    """'A.B=N' -> (A, B, N) as written, for --tuning and --launch."""
+    name, _, value = item.partition("=")
+    owner, _, key = name.partition(".")
+    return owner, key, value
+
+
 def set_tuning(item: str):
     """MODULE.KEY=N: linattn.triton.MODULE.TUNING[KEY] = N (KEY must exist there)."""
-    name, _, value = item.partition("=")
-    module, _, key = name.partition(".")
+    module, key, value = assignment(item)
     tuning = getattr(importlib.import_module(f"linattn.triton.{module}"), "TUNING", None)
     if tuning is None or key not in tuning or not value.lstrip("-").isdigit():
         raise SystemExit(f"--tuning {item}: expected MODULE.KEY=N with KEY in linattn.triton.MODULE.TUNING")
@@ -62,8 +68,7 @@ SEEN: set = set()          # (kernel name, argument) overrides applied at least 
 
 def set_launch(item: str):
     """KERNEL.ARG=N: every common.launch of KERNEL gets ARG=N."""
-    name, _, value = item.partition("=")
-    kernel, _, arg = name.partition(".")
+    kernel, arg, value = assignment(item)
     if not kernel or not arg or not value.lstrip("-").isdigit():
         raise SystemExit(f"--launch {item}: expected KERNEL.ARG=N, e.g. _dqk_kernel.num_warps=4")
     LAUNCH.setdefault(kernel, {})[arg] = int(value)
@@ -72,7 +77,7 @@ def set_launch(item: str):
 def overriding(launch):
     """common.launch with LAUNCH's arguments put in for the kernels it names."""
     def launch_with(kernel, grid, *args, **kw):
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "")
+        name = getattr(kernel, "__name__", "")
         for arg, value in LAUNCH.get(name, {}).items():
             if arg not in kw and arg not in ("num_warps", "max_stages"):
                 raise SystemExit(f"--launch {name}.{arg}: {name} is not launched with {arg}")
