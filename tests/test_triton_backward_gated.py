@@ -264,3 +264,19 @@ def test_launch_rules_are_the_natively_timed_ones():
     assert gb.dv_warps(gb.DIM_GATE, False, 64) == 4
     assert gb.dv_warps(gb.HEAD_GATE, False, 64) == gb.dv_warps(gb.NO_GATE, False, 64) == 8
     assert gb.dv_warps(gb.NO_GATE, True, 64) == 4
+
+
+def test_state_pass_launches_are_the_natively_timed_ones():
+    """The backward's recomputed states and reverse pass (float32 states from half inputs) take the
+    launches timed natively (gated_backward's comment above `state_launches`); float32 inputs and
+    linear attention keep the forward's state pass and 64×64 reverse blocks; 8 warps never meet a
+    32-wide block (`common.warps`)."""
+    gb, sl = gated_backward, gated_backward.state_launches
+    assert sl(128, 128, 128, gb.DIM_GATE, False, sms=132) == ((32, 128, 4, 4), (32, 128, 2, 4))   # B = 8
+    assert sl(128, 128, 16, gb.DIM_GATE, False, sms=132) == ((32, 64, 4, 4), (32, 64, 4, 4))      # B = 1
+    assert sl(128, 128, 128, gb.HEAD_GATE, False, sms=132) == ((64, 128, 2, 8), (64, 128, 2, 8))
+    assert sl(128, 128, 16, gb.HEAD_GATE, False, sms=132) == ((32, 64, 4, 4), (64, 64, 3, 4))     # not timed
+    assert sl(128, 128, 128, gb.DIM_GATE, True, sms=132) == ((32, 128, 3, 4), (64, 64, 3, 4))
+    assert sl(128, 128, 128, gb.NO_GATE, False, sms=132) == ((64, 64, 3, 4), (64, 64, 3, 4))
+    assert sl(16, 16, 128, gb.HEAD_GATE, False, sms=132) == ((32, 32, 2, 4), (32, 32, 2, 4))      # padded, 4 warps
+    assert sl(256, 256, 128, gb.HEAD_GATE, False, sms=132)[1] == (64, 128, 2, 8)

@@ -587,6 +587,13 @@ def blocks(K: int, V: int):
     return BK, max(MIN_TILE, min(block(V), 8192 // BK, 64))
 
 
+def few_programs(K: int, V: int, BH: int, sms=None) -> bool:
+    """Whether a state pass of 64×64 blocks gives at most half the SMs a program (one long sequence:
+    B·H = 16 at K = V = 128 on an H200), where narrower blocks pay (`state_config`)."""
+    sms = num_sms() if sms is None else sms
+    return BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
+
+
 def state_config(K: int, V: int, BH: int, gate: int, sms=None):
     """(BK, BV, pipeline stages) of the state pass (`chunk_states`). From sweeps on an H200 (bf16,
     K = V = 128, 16 heads, 32768 tokens, T = 1k–32k; docs/performance.md), state pass alone:
@@ -599,8 +606,7 @@ def state_config(K: int, V: int, BH: int, gate: int, sms=None):
       against 0.63 for 32×64, but no head-dimension tile is narrower than MIN_TILE: common.py);
     - otherwise 64×64, with 4 stages for per-head gates (0.405 / 0.451 ms for the whole call at
       T = 8k / 16k against 0.416 / 0.463 with 3) and 3 without gates."""
-    sms = num_sms() if sms is None else sms
-    few = BH * triton.cdiv(K, STATE_BLOCK) * triton.cdiv(V, STATE_BLOCK) <= sms // 2
+    few = few_programs(K, V, BH, sms)
     narrow = max(MIN_TILE, STATE_BLOCK // 2)
     if gate == DIM_GATE:
         BK, BV, stages = narrow, 2 * STATE_BLOCK, 3
@@ -753,7 +759,7 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False, seqs=None):
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None, seqs=None):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None, seqs=None, config=None):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
     or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
@@ -765,6 +771,8 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
 
     seqs (`Packed`): one program per (sequence, head, block) over that sequence's chunks; h is then
     [1, H, NT, K, V] over the row's NT chunks, s0 and sT [N, H, K, V].
+    config: (BK, BV, pipeline stages, warps) of the launch; None: `state_config`'s with 4 warps (the
+    backward, which writes float32 states, passes its own: `gated_backward.state_launches`).
     """
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
@@ -778,12 +786,12 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
     if dtype is None:
         dtype = torch.float32 if IEEE else k.dtype
     h = outputs.empty((B, H, NT, K, V), dtype=dtype, device=k.device)
-    SK, SV, stages = state_config(K, V, busy_rows(B, seqs) * H, gate)  # every entry of h written below
+    SK, SV, stages, nw = config or (*state_config(K, V, busy_rows(B, seqs) * H, gate), 4)   # all of h written below
     last_launch["states"] = launch(
         _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H),
         k, v, k if b is None else b, k if g is None else g, h, s0 if s0 is not None else k,
         sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
-        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=4, max_stages=stages,
+        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=nw, max_stages=stages,
         **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
     return h, sT
 

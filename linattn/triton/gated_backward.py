@@ -549,11 +549,44 @@ def dqk_launch(gate: int, ieee: bool, BK: int, BV: int) -> tuple[int, int]:
     return warps(8, BK, BV), 3
 
 
-def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None):
+# The backward's two sequential passes write float32 states from half-precision inputs (`state_dtype`):
+# twice the bytes of the forward's bf16 states, and other launches win. Timed natively (H200, Triton
+# 3.6, bf16, H = 16, K = V = 128, chunk 64, normal gates, triton.testing.do_bench median of each pass
+# alone; every launch below gave bit-identical states to the one it replaced):
+#   per-dimension gates, B = 8, T = 4096 (512 programs): recomputed states 0.44 ms with the forward's
+#   launch (32×128, 3 stages), 0.31 with 4 stages; reverse pass 0.53 ms with 64×64 blocks, 0.38 with
+#   32×128 and 2 stages;
+#   B = 1, T = 32768 (few programs, `gated.few_programs`): recomputed states 0.82 → 0.62 ms and reverse
+#   pass 1.51 → 0.88 ms with 32×64 blocks and 4 stages;
+#   per-head gates, B = 8, T = 4096: recomputed states 0.28 → 0.22 ms, reverse pass 0.31 → 0.25 ms
+#   with 64×128 blocks, 2 stages and 8 warps (few programs not timed: the old launches stay).
+# 32-wide key blocks keep 4 warps (`common.warps`). Float32 inputs and linear attention keep the
+# launches they had (their states were not timed like this).
+def state_launches(K: int, V: int, BH: int, gate: int, ieee: bool, sms=None) -> tuple[tuple, tuple]:
+    """(BK, BV, pipeline stages, warps) of the backward's recomputed state pass (`gated.chunk_states`)
+    and of its reverse pass (`_dstates_kernel`); BH counts the busy rows' heads (`gated.busy_rows`)."""
+    BK, BV, stages = gated.state_config(K, V, BH, gate, sms)
+    states, reverse = (BK, BV, stages, 4), (STATE_BLOCK, STATE_BLOCK, 3, 4)
+    few = gated.few_programs(K, V, BH, sms)
+    if not ieee and gate == DIM_GATE:
+        narrow = (32, 64, 4, 4) if few else None
+        states = narrow or (32, 128, 4, 4)
+        reverse = narrow or (32, 128, 2, 4)
+    elif not ieee and gate == HEAD_GATE and not few:
+        states = reverse = (64, 128, 2, 8)
+
+    def fit(bk, bv, st, w):                     # K, V padded, never below MIN_TILE (`common.block`)
+        bk, bv = min(block(K), bk), min(block(V), bv)
+        return bk, bv, st, warps(w, bk, bv)
+    return fit(*states), fit(*reverse)
+
+
+def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None, config=None):
     """Step 1 of `backward`, `_dstates_kernel` over every chunk from the last: dh [B, H, NT, K, V]
     (dh_dtype; the gradient of the state after each chunk) and ds0 [B, H, K, V] float32 (None unless
     with_ds0). b: the chunk-local gate sums (None without gates); dsT: the final state's gradient
     (None: zeros). The grader of workbook 13 launches the library's pass through this too.
+    config: (BK, BV, pipeline stages, warps); None: 64×64 blocks, 3 stages, 4 warps.
     seqs (`gated.Packed`): one program per (sequence, head, block); dh [1, H, NT, K, V] over the
     row's chunks, dsT and ds0 [N, H, K, V]."""
     B, T, H, K = q.shape
@@ -565,13 +598,13 @@ def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=T
     dh = outputs.empty((B, H, NT, K, V), dtype=dh_dtype, device=q.device)   # all written
     ds0 = outputs.empty((N, H, K, V), dtype=torch.float32, device=q.device) if with_ds0 else None
     dsT = None if dsT is None else dsT.to(torch.float32).contiguous()
-    SK, SV = min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK)
+    SK, SV, stages, nw = config or (min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK), 3, 4)
     last_launch["dstates"] = launch(
         _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H), q, do, q if b is None else b, dh,
         dsT if dsT is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, scale,
         C=chunk_size, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
         QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, HAS_DST=dsT is not None,
-        STORE_DS0=with_ds0, num_warps=4, **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
+        STORE_DS0=with_ds0, num_warps=nw, max_stages=stages, **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
     return dh, ds0
 
 
@@ -598,18 +631,21 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     if do is None:
         do = torch.zeros_like(v)
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
+    states_launch, reverse_launch = state_launches(K, V, gated.busy_rows(B, seqs) * H, gate, IEEE)
     with stage(timer, "recompute states"):
         if b is None:
             b = gated.gate_sums(g, C, seqs)                            # b: [B, T, H(, K)] float32
         if h is None:
-            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate), seqs=seqs)
+            h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate), seqs=seqs,
+                                      config=states_launch)
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
     # 1. reverse pass over the chunks: D for every chunk, dinitial_state
     with stage(timer, "reverse pass dS"):
         dh, ds0 = reverse_pass(q, do, b, dsT, gate=gate, scale=d.scale, chunk_size=C,
-                               dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None, seqs=seqs)
+                               dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None, seqs=seqs,
+                               config=reverse_launch)
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)
