@@ -580,7 +580,7 @@ plt.tight_layout(); plt.show()
 # Against flash-linear-attention's packed path (its last printed line; a ratio below 1 means ours
 # is faster) the forwards are ahead or level. Forward + backward follows each operation's backward
 # as the unpacked training benchmark measures it (`book/data/bench_train.json`): where that
-# backward is slower than FLA's (DeltaNet's, GLA's), packing does not change it. FLA 0.6.0 refuses its
+# backward is slower than FLA's (DeltaNet's), packing does not change it. FLA 0.6.0 refuses its
 # own backward for per-head gates on this toolchain, so those rows have no FLA time.
 #
 # ## 5. The short convolution must not leak either
