@@ -508,7 +508,7 @@ BVv = gated.blocks(128, 128)[1]
 
 def state_blocks(BH, which):
     """K×V blocks of the backward's recomputed states (which = 0) or reverse pass (1), bf16 inputs."""
-    BK, BV, _, _ = gated_backward.state_launches(128, 128, BH, gated.DIM_GATE, False, sms=132)[which]
+    BK, BV, _, _ = gated_backward.state_launches(128, 128, BH, gated.DIM_GATE, False, 64, sms=132)[which]
     return (-(-128 // BK)) * (-(-128 // BV))
 
 
@@ -565,10 +565,10 @@ show(gated_backward.state_launches)
 # launch tried wrote the same states bit for bit, so a launch changes only time). Two things in it
 # are worth a second look. The best launch at $B = 8$ was not the best at $B = 1$: with 512
 # programs the wide 32×128 block, which loads each float32 gate tile once for all of $V$, wins; with
-# 64 programs doubling them wins. And 8 warps would have split a 32-wide block between the two warp
-# groups of 4, leaving each 16 columns: products of that width came out wrong or faulted natively
-# while the interpreter computed them right (`common.MIN_TILE`, chapter 10 §4), so `common.warps`
-# keeps 4 warps there whatever the sweep says.
+# 64 programs doubling them wins. And a 32-wide block never gets 8 warps, whatever a sweep says:
+# `common.warps` gives 8 only where every head-dimension tile is at least 64 wide, since narrow tiles
+# split between two warp groups came out wrong or faulted natively while the interpreter computed
+# them right (`common.MIN_TILE`, chapter 10 §4).
 #
 # ## 8. What waits between the passes: recompute or keep
 #

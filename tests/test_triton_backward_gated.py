@@ -269,8 +269,8 @@ def test_launch_rules_are_the_natively_timed_ones():
 def test_state_pass_launches_are_the_natively_timed_ones():
     """The backward's recomputed states and reverse pass (float32 states from half inputs) take the
     launches timed natively (gated_backward's comment above `state_launches`); float32 inputs and
-    linear attention keep the forward's state pass and 64×64 reverse blocks; 8 warps never meet a
-    32-wide block (`common.warps`)."""
+    linear attention, and chunks over 64, keep the forward's state pass and 64×64 reverse blocks; 8
+    warps never meet a 32-wide block (`common.warps`)."""
     gb, sl = gated_backward, gated_backward.state_launches
     assert sl(128, 128, 128, gb.DIM_GATE, False, sms=132) == ((32, 128, 4, 4), (32, 128, 2, 4))   # B = 8
     assert sl(128, 128, 16, gb.DIM_GATE, False, sms=132) == ((32, 64, 4, 4), (32, 64, 4, 4))      # B = 1
@@ -280,3 +280,6 @@ def test_state_pass_launches_are_the_natively_timed_ones():
     assert sl(128, 128, 128, gb.NO_GATE, False, sms=132) == ((64, 64, 3, 4), (64, 64, 3, 4))
     assert sl(16, 16, 128, gb.HEAD_GATE, False, sms=132) == ((32, 32, 2, 4), (32, 32, 2, 4))      # padded, 4 warps
     assert sl(256, 256, 128, gb.HEAD_GATE, False, sms=132)[1] == (64, 128, 2, 8)
+    for C in (128, 256):                     # not timed; 128-wide V-blocks at C = 256 do not fit a T4
+        assert sl(128, 128, 128, gb.DIM_GATE, False, C, sms=132) == ((32, 128, 3, 4), (64, 64, 3, 4))
+        assert sl(128, 128, 128, gb.HEAD_GATE, False, C, sms=132) == ((64, 64, 4, 4), (64, 64, 3, 4))

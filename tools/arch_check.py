@@ -660,7 +660,7 @@ def main(argv=None):
             if (row["kernel"], row["config"]) in full:
                 row["archs"] = full.pop((row["kernel"], row["config"]))["archs"]
         rows += list(full.values())
-    doc = write(rows, "complete")
+    doc = write(rows, "complete" if deep else "shared memory")     # --depth shared: no register pass
     print(markdown(doc["table"]))
     for p in doc["problems"]:
         print("DOES NOT FIT:", p)

@@ -81,7 +81,7 @@ def sweep(Ts, gates, launches, size) -> list:
         for T in Ts:
             (recompute, reverse), d, gate = passes(op, T, size)
             ieee = interpreting()                  # the interpreter computes half inputs in float32
-            own = gated_backward.state_launches(d.K, d.V, d.B * d.H, gate, ieee)
+            own = gated_backward.state_launches(d.K, d.V, d.B * d.H, gate, ieee, 64)
             setting = f"{op}, B = {d.B}, T = {T}"
             for name, run, mine in (("recomputed states", recompute, own[0]), ("reverse pass", reverse, own[1])):
                 ref = run(mine)

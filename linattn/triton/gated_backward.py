@@ -552,27 +552,32 @@ def dqk_launch(gate: int, ieee: bool, BK: int, BV: int) -> tuple[int, int]:
 # The backward's two sequential passes write float32 states from half-precision inputs (`state_dtype`):
 # twice the bytes of the forward's bf16 states, and other launches win. Timed natively (H200, Triton
 # 3.6, bf16, H = 16, K = V = 128, chunk 64, normal gates, triton.testing.do_bench median of each pass
-# alone; every launch below gave bit-identical states to the one it replaced):
+# alone, every launch tried giving the same states bit for bit; tools/state_pass_sweep.py repeats it,
+# docs/data/gpu_training/state_pass_launches.md has the whole sweep):
 #   per-dimension gates, B = 8, T = 4096 (512 programs): recomputed states 0.44 ms with the forward's
 #   launch (32×128, 3 stages), 0.31 with 4 stages; reverse pass 0.53 ms with 64×64 blocks, 0.38 with
 #   32×128 and 2 stages;
 #   B = 1, T = 32768 (few programs, `gated.few_programs`): recomputed states 0.82 → 0.62 ms and reverse
 #   pass 1.51 → 0.88 ms with 32×64 blocks and 4 stages;
 #   per-head gates, B = 8, T = 4096: recomputed states 0.28 → 0.22 ms, reverse pass 0.31 → 0.25 ms
-#   with 64×128 blocks, 2 stages and 8 warps (few programs not timed: the old launches stay).
-# 32-wide key blocks keep 4 warps (`common.warps`). Float32 inputs and linear attention keep the
-# launches they had (their states were not timed like this).
-def state_launches(K: int, V: int, BH: int, gate: int, ieee: bool, sms=None) -> tuple[tuple, tuple]:
+#   with 64×128 blocks, 2 stages and 8 warps (few programs not timed: there, as for float32 inputs and
+#   linear attention, the forward's launch and 64×64 reverse blocks).
+# 32-wide key blocks keep 4 warps (`common.warps`). Only chunks up to 64 were timed: a larger chunk
+# holds larger k, v and q tiles per pipeline stage, and at chunk 256 the 128-wide V-blocks did not fit
+# a T4's 64 KB of shared memory even with one stage (tools/arch_check.py), where 64×64 blocks do.
+def state_launches(K: int, V: int, BH: int, gate: int, ieee: bool, chunk_size: int = 64,
+                   sms=None) -> tuple[tuple, tuple]:
     """(BK, BV, pipeline stages, warps) of the backward's recomputed state pass (`gated.chunk_states`)
     and of its reverse pass (`_dstates_kernel`); BH counts the busy rows' heads (`gated.busy_rows`)."""
     BK, BV, stages = gated.state_config(K, V, BH, gate, sms)
     states, reverse = (BK, BV, stages, 4), (STATE_BLOCK, STATE_BLOCK, 3, 4)
     few = gated.few_programs(K, V, BH, sms)
-    if not ieee and gate == DIM_GATE:
+    timed = not ieee and chunk_size <= 64
+    if timed and gate == DIM_GATE:
         narrow = (32, 64, 4, 4) if few else None
         states = narrow or (32, 128, 4, 4)
         reverse = narrow or (32, 128, 2, 4)
-    elif not ieee and gate == HEAD_GATE and not few:
+    elif timed and gate == HEAD_GATE and not few:
         states = reverse = (64, 128, 2, 8)
 
     def fit(bk, bv, st, w):                     # K, V padded, never below MIN_TILE (`common.block`)
@@ -631,7 +636,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     if do is None:
         do = torch.zeros_like(v)
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
-    states_launch, reverse_launch = state_launches(K, V, gated.busy_rows(B, seqs) * H, gate, IEEE)
+    states_launch, reverse_launch = state_launches(K, V, gated.busy_rows(B, seqs) * H, gate, IEEE, C)
     with stage(timer, "recompute states"):
         if b is None:
             b = gated.gate_sums(g, C, seqs)                            # b: [B, T, H(, K)] float32
