@@ -9,7 +9,7 @@ the chunks in reverse for their gradients (`gated_backward.reverse_pass`). Both 
 T (B = tokens // T) and gate kind (per-dimension: GLA; per-head: simple GLA), with bf16 inputs and
 normal gates (`bench.anchor_inputs`), this times the library's launch and every `--launch BKxBV:S:W`
 (`bench.median_ms`: do_bench's median on a GPU) and prints a markdown table: ms, and each launch's
-largest relative difference from the library launch's states (0: bit for bit the same).
+relative difference from the library launch's states (`testing.rel_err`; 0: bit for bit the same).
 docs/data/gpu_training/state_pass_launches.md holds the run behind `state_launches`.
 
 Timings mean something on a GPU only. On a CPU the interpreter runs it at a toy size (the test
@@ -25,10 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from linattn import bench, device  # noqa: E402
+from linattn import bench, device, testing  # noqa: E402
 from linattn.triton import gated, gated_backward  # noqa: E402
-from linattn.triton.common import interpreting  # noqa: E402
+from linattn.triton.common import compute_dtype  # noqa: E402
 from linattn.validate import check_inputs  # noqa: E402
+
+import triton.language as tl  # noqa: E402  (after linattn, which decides Triton's mode)
 
 # The launches of the recorded sweep (docs/data/gpu_training/state_pass_launches.md)
 LAUNCHES = ["32x128:2:4", "32x128:4:4", "32x128:3:8", "64x64:3:4", "64x64:4:4", "64x64:2:8", "64x128:2:8",
@@ -66,11 +68,8 @@ def passes(op: str, T: int, size: dict):
     def reverse(config):
         return gated_backward.reverse_pass(q, do, b, None, gate=gate, scale=d.scale, chunk_size=64,
                                            dh_dtype=torch.float32, with_ds0=False, config=config)[0]
-    return (recompute, reverse), d, gate
-
-
-def rel_diff(x, ref) -> float:
-    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    ieee = compute_dtype(q.dtype) == tl.float32       # as gated_backward.backward decides it
+    return (recompute, reverse), d, gate, ieee
 
 
 def sweep(Ts, gates, launches, size) -> list:
@@ -79,15 +78,14 @@ def sweep(Ts, gates, launches, size) -> list:
     for kind in gates:
         op = GATES[kind]
         for T in Ts:
-            (recompute, reverse), d, gate = passes(op, T, size)
-            ieee = interpreting()                  # the interpreter computes half inputs in float32
+            (recompute, reverse), d, gate, ieee = passes(op, T, size)
             own = gated_backward.state_launches(d.K, d.V, d.B * d.H, gate, ieee, 64)
             setting = f"{op}, B = {d.B}, T = {T}"
             for name, run, mine in (("recomputed states", recompute, own[0]), ("reverse pass", reverse, own[1])):
                 ref = run(mine)
                 rows.append([name, setting, "library: " + label(mine), bench.median_ms(lambda: run(mine)), 0.0])
                 for cfg in launches:
-                    rows.append([name, setting, label(cfg), bench.median_ms(lambda: run(cfg)), rel_diff(run(cfg), ref)])
+                    rows.append([name, setting, label(cfg), bench.median_ms(lambda: run(cfg)), testing.rel_err(run(cfg), ref)])
                 print(f"{setting}: {name} done", file=sys.stderr, flush=True)
     return rows
 

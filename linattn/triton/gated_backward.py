@@ -574,9 +574,7 @@ def state_launches(K: int, V: int, BH: int, gate: int, ieee: bool, chunk_size: i
     few = gated.few_programs(K, V, BH, sms)
     timed = not ieee and chunk_size <= 64
     if timed and gate == DIM_GATE:
-        narrow = (32, 64, 4, 4) if few else None
-        states = narrow or (32, 128, 4, 4)
-        reverse = narrow or (32, 128, 2, 4)
+        states, reverse = ((32, 64, 4, 4),) * 2 if few else ((32, 128, 4, 4), (32, 128, 2, 4))
     elif timed and gate == HEAD_GATE and not few:
         states = reverse = (64, 128, 2, 8)
 
