@@ -270,18 +270,22 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
                       other=0.0).to(tl.float32)                                   # [C, C]
         kt = tl.load(kd + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Kd
         qt = tl.load(qs + offk, mask=mk, other=0.0).to(tl.float32)                # [C, BK] Qs
-        if GATE == 0:
-            qt = qt * scale
         if GATE == 1:   # as the output stage: e^{G − G_0} of a per-head gate, the gates after the first
             G1 = tl.cumsum(tl.where(jc == 0, 0.0, gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))),
                            axis=0)
-            qt = qt * (tl.exp(G1) * scale)[:, None]
+            qt = qt * tl.exp(G1)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
         dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
-        dSn = mm(tl.trans(qt), dOt, DT, IEEE, X3) - mm(tl.trans(Wt), dVt, DT, IEEE, X3)  # [BK, BV]
+        # Qsᵀ dO: the scale after the product (as the output stage), so that without a gate the
+        # product reads the queries as given; rounding scale · q into the operand made the initial
+        # state's gradient up to 1.2x less precise than FLA's
+        QdO = mm(tl.trans(qt), dOt, DT, IEEE, X3)                                 # [BK, BV]
+        if GATE < 2:
+            QdO = QdO * scale
+        dSn = QdO - mm(tl.trans(Wt), dVt, DT, IEEE, X3)                           # [BK, BV]
         if GATE == 1:
             dSn = dSn * first_gate(g, r0)        # Qs and W from the chunk's first token (wy.py)
         dS += dSn                                                                 # dS_n

@@ -74,6 +74,19 @@ def gate_warps(p) -> int:
     return TUNING["warps_no_gate"] if p.gate == 0 and not precise(p) else TUNING["warps"]
 
 
+def split_x3(p) -> bool:
+    """Whether KDA's split score products (`_split_terms`) take three tf32 products (`mm`'s X3):
+    for float32 tiles natively, as every product, and for fp16 inputs. The gate's gradient is a
+    suffix sum of q ⊙ dq − k ⊙ dk in which every pair of tokens of a chunk enters twice with
+    opposite signs; only the pairs that straddle a token survive, so each product's rounding stays
+    behind in the sum while the gradient itself is small. With one tf32 product the pairs next to
+    the diagonal (the largest terms, decay near 1) left fp16's dg 1.6x less precise than FLA's,
+    which sums its diagonal blocks in float32 (H200: 1.9e-3 against 1.1e-3, conformance case
+    kda-extra-080, logsigmoid gates). bf16 inputs carry 2^-9 themselves, and there one product's
+    rounding leaves dg below FLA's."""
+    return precise(p) or (p.gate == 2 and p.work == torch.float16)
+
+
 def gate_stage(q, k, g, beta, grads: dict, p):
     """dq, dk (input dtypes), dg (g's dtype) and the partial dβ [NK, B, T, H] float32."""
     B, T, H, K = p.B, p.T, p.H, p.K
@@ -92,7 +105,7 @@ def gate_stage(q, k, g, beta, grads: dict, p):
         q, k, g if p.gate else q, beta, grads["dqs"], grads["dkd"], grads["dbk"],
         grads["ddl"] if p.gate else beta, grads["da"], grads["daqk"], dq, dk, dg, db,
         p.scale, T, p.NT, H, B * T * H, K=K, C=p.C, BK=BK, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), **split_dtype(p), num_warps=warps(gate_warps(p), BK),
+        X3=precise(p), SX3=split_x3(p), **split_dtype(p), num_warps=warps(gate_warps(p), BK),
         **p.packed("cu_seqlens", "chunk_indices"))
     if p.gate == 1:
         dg = dg.sum(0).to(g.dtype)
@@ -102,8 +115,8 @@ def gate_stage(q, k, g, beta, grads: dict, p):
 @kernel
 def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, scale, T, NT, H, BTH,
                  K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SDT: tl.constexpr,
-                 RND: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
+                 DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, SX3: tl.constexpr,
+                 SDT: tl.constexpr, RND: tl.constexpr, cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     ik, n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     nc = n                  # ddl's chunk (packed: the row's)
@@ -158,7 +171,7 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     if GATE == 2:
         if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
             Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
-            Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, X3, RND)
+            Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, SX3, RND)
         else:
             Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
                                    daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
