@@ -108,15 +108,30 @@ def dot_x3(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def dot_split(a, b, IEEE: tl.constexpr):
-    """a @ b for a computed float32 tile a and a tile b exact in its own dtype (an input: dO, v) to
-    about float32 precision. For bf16 b: a = hi + lo with hi = bf16(a) and lo = bf16(a − hi), two bf16
-    products (a's error ~2⁻¹⁷ relative, b exact) where three tf32 products (`dot_x3`) cost the tensor
-    cores three times as much; for fp16 or float32 b, `dot_x3`."""
+    """a @ b for a computed float32 tile a and a tile b exact in its own dtype (an input: dO, v, k)
+    to about float32 precision: a = hi + lo, each part one product with b. For bf16 b, hi = bf16(a)
+    and lo = bf16(a − hi), two bf16 products (a's error ~2⁻¹⁷ relative, b exact) where three tf32
+    products (`dot_x3`) cost the tensor cores three times as much. For fp16 b (exact in tf32),
+    hi = tf32(a) and lo = a − hi, two tf32 products (a's error ~2⁻²¹): fp16 parts would leave lo
+    below fp16's normal range for small a. Float32 b: `dot_x3`."""
     if b.dtype == tl.bfloat16:
         hi = a.to(tl.bfloat16)
         lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
         return tl.dot(lo, b, tl.dot(hi, b))
+    if b.dtype == tl.float16:
+        bf = b.to(tl.float32)
+        hi = tf32(a)
+        return tl.dot(a - hi, bf, tl.dot(hi, bf))
     return dot_x3(a, b.to(tl.float32), IEEE)
+
+
+@triton.jit
+def dot_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b for a computed float32 tile a and b an input tile exact in the compute dtype DT
+    (keys, values, queries): `dot_split` for half inputs, exact products for float32 ones (IEEE)."""
+    if IEEE:
+        return tl.dot(a, b.to(tl.float32), input_precision="ieee")
+    return dot_split(a, b.to(DT), IEEE)
 
 
 def check_kernel_inputs(q) -> None:

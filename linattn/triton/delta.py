@@ -225,8 +225,8 @@ def factors_and_states(q, k, v, g, beta, h0, p: Plan, output_final_state: bool, 
     dropped as soon as no later stage reads it — 𝒯 once W and U are known, and
     W, U, K ⊙ e^{G_C − G}, e^{G_C} after the state pass, with Ṽ written over U — so the output
     stage adds O to Aqk, (scale · Q ⊙ e^G), the states and Ṽ only. keep=True (the backward reads
-    them) keeps 𝒯 (in float32), W, U and the decays, and Ṽ in a buffer of its own."""
-    wy = factor_stage(q, k, g, beta, p, torch.float32 if keep else None)
+    them) keeps 𝒯, W, U and the decays, and Ṽ in a buffer of its own."""
+    wy = factor_stage(q, k, g, beta, p)
     wy.pop("exact", None)   # KDA's per-chunk flags: read by its exact kernel only
     wy.update(wu_stage(q, k, v, g, beta, wy["ai"], p))
     if not keep:

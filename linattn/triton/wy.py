@@ -24,8 +24,9 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
 2. `_wu_kernel`: U = 𝒯 diag(β) V; for DeltaNet and Gated DeltaNet in a second program per chunk
    also W, K ⊙ e^{G_C − G} and e^{G_C}, K and the gates read once.
 
-𝒯 is stored in the tile dtype when only the forward reads it (the W/U dots round it to that
-dtype anyway), in float32 when the backward will.
+𝒯 is stored in float32: U = (𝒯 diag(β)) V and W = (𝒯 diag(β e^G)) K are each computed as
+a float32 matrix times an input exact in its dtype (`common.dot_input`), so neither 𝒯 nor β V
+is rounded into a half-precision operand (KDA's W, whose keys carry computed decays, rounds them).
 
 Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32.
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
@@ -56,7 +57,7 @@ import triton.language as tl
 
 from .. import outputs
 from .gated import _packed_chunk
-from .common import GATE_FLOOR, SPLIT_RANGE, block, dot, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
+from .common import GATE_FLOOR, SPLIT_RANGE, block, dot, dot_input, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -90,15 +91,15 @@ def split_dtype(p) -> dict:
     return dict(SDT=operand_dtype(), RND=rounds_tf32(p.work))
 
 
-def factor_stage(q, k, g, beta, p, ai_dtype=None) -> dict:
+def factor_stage(q, k, g, beta, p) -> dict:
     """aqk [B,T,H,C] = scale · Aqk in the tile dtype (diagonal included) and ai = 𝒯 [B,T,H,C]
-    (unit lower triangular) in ai_dtype (default the tile dtype; float32 for the backward); row t
+    (unit lower triangular) in float32 (module doc); row t
     holds its chunk's row, zeros right of the diagonal. A is computed and inverted in registers.
     KDA's kernel also gives what `wu_stage` gives the others from the keys and gates: w, kd, dl
     and qg; and exact [B,H,NT] int32, 1 where a chunk's gates decay too fast for the split
     products and the exact kernel computed it."""
     aqk = outputs.empty((p.B, p.T, p.H, p.C), dtype=p.work, device=p.device)
-    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=ai_dtype or p.work, device=p.device)
+    ai = outputs.empty((p.B, p.T, p.H, p.C), dtype=torch.float32, device=p.device)
     if p.gate == 2:
         s = _key_outputs(k, p)
         exact = outputs.empty((p.B * p.H * p.NT,), dtype=torch.int32, device=p.device)
@@ -153,7 +154,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
 def wy_stage(q, k, v, g, beta, p) -> dict:
     """Stage 1 whole, every tensor kept for inspection, 𝒯 in float32: aqk, ai and the W/U
     outputs (for Gated DeltaNet w holds W̃, W from the chunk's first token: `absolute_w`)."""
-    s = factor_stage(q, k, g, beta, p, torch.float32)
+    s = factor_stage(q, k, g, beta, p)
     return dict(s, **wu_stage(q, k, v, g, beta, s["ai"], p))
 
 
@@ -465,11 +466,14 @@ def _store_rows(x, X, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr
 
 @triton.jit
 def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr,
+                RND: tl.constexpr, PREC: tl.constexpr):
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
-    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
-    K ⊙ e^{−G}, Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16] and P for the next
-    block."""
+    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G and Q ⊙ e^G
+    (dot operands in SDT, `common.operand`, [16, BK]), K ⊙ e^{−G} in float32 (made an operand where
+    `_split_block` uses it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding before
+    the store to fp16 would round twice), β [16], P for the next block, and the diagonal block
+    (A_ii, scale · Aqk_ii) from the unrounded rows (`_split_diag`)."""
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
     G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
@@ -480,22 +484,36 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
     bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
-    return (operand(kb * eg, SDT, IEEE, RND), operand(kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE)), SDT, IEEE, RND),
-            operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0))
+    kl, kr = kb * eg, kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))
+    Ad, Qd = _split_diag(kl, qe, kr, bb, scale, IEEE, PREC)
+    return (operand(kl, SDT, IEEE, RND), kr, operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0),
+            Ad, Qd)
 
 
 @triton.jit
-def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
-    """A_ij (β on the rows) and scale · Aqk_ij from row block i (kl, ql: K, Q ⊙ e^G) and
-    column block j (kr = K ⊙ e^{−G}); on the diagonal A strictly lower, Aqk lower."""
+def _split_diag(kl, ql, kr, bb, scale, IEEE: tl.constexpr, PREC: tl.constexpr):
+    """The diagonal block of A and scale · Aqk from float32 rows not yet rounded for the tensor
+    cores, at the inversion's precision (`inverse_precision`: about float32 for fp16 inputs). Its
+    pairs of tokens decay least, so they are the largest scores: with one tf32 product from rounded
+    operands KDA's fp16 output was up to 1.8x less precise than FLA's (H200, conformance case
+    kda-length-050, T = 2), which sums its diagonal blocks in float32. Natively for bf16 (one tf32
+    pass of the same operands) and exactly for float32 inputs, the products are as the other blocks'."""
     krt = tl.trans(kr)                                                            # [BK, 16]
-    A = dot(kl, krt, IEEE) * bb[:, None]
-    Q = dot(ql, krt, IEEE) * scale
-    if DIAG:
-        r = tl.arange(0, BS)
-        A = tl.where(r[:, None] > r[None, :], A, 0.0)
-        Q = tl.where(r[:, None] >= r[None, :], Q, 0.0)
-    return A, Q
+    if IEEE:
+        A, Q = dot(kl, krt, IEEE), dot(ql, krt, IEEE)
+    else:
+        A, Q = _mm32(kl, krt, PREC), _mm32(ql, krt, PREC)
+    r = tl.arange(0, BS)
+    return (tl.where(r[:, None] > r[None, :], A * bb[:, None], 0.0),
+            tl.where(r[:, None] >= r[None, :], Q * scale, 0.0))
+
+
+@triton.jit
+def _split_block(kl, ql, kr, bb, scale, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
+    """A_ij (β on the rows) and scale · Aqk_ij, i > j, from row block i (kl, ql: K, Q ⊙ e^G, dot
+    operands) and column block j (kr = K ⊙ e^{−G}, float32)."""
+    krt = tl.trans(operand(kr, SDT, IEEE, RND))                                   # [BK, 16]
+    return dot(kl, krt, IEEE) * bb[:, None], dot(ql, krt, IEEE) * scale
 
 
 @kernel
@@ -523,20 +541,20 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
     aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
     P = tl.zeros((BK,), dtype=tl.float32)
-    kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT, IEEE, RND)
-    A00, Q00 = _split_block(kl0, ql0, kr0, b0, scale, True, IEEE)
-    kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT, IEEE, RND)
-    A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, False, IEEE)
-    A11, Q11 = _split_block(kl1, ql1, kr1, b1, scale, True, IEEE)
-    kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT, IEEE, RND)
-    A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, False, IEEE)
-    A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, False, IEEE)
-    A22, Q22 = _split_block(kl2, ql2, kr2, b2, scale, True, IEEE)
-    kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT, IEEE, RND)
-    A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, False, IEEE)
-    A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, False, IEEE)
-    A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, False, IEEE)
-    A33, Q33 = _split_block(kl3, ql3, kr3, b3, scale, True, IEEE)
+    kl0, kr0, ql0, b0, P, A00, Q00 = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT,
+                                                 IEEE, RND, PREC)
+    kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT,
+                                                 IEEE, RND, PREC)
+    A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, SDT, IEEE, RND)
+    kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT,
+                                                 IEEE, RND, PREC)
+    A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, SDT, IEEE, RND)
+    A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, SDT, IEEE, RND)
+    kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT,
+                                                 IEEE, RND, PREC)
+    A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, SDT, IEEE, RND)
+    A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, SDT, IEEE, RND)
+    A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, SDT, IEEE, RND)
     _store_lower(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, n, T, H, C)
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, PREC)
@@ -674,12 +692,14 @@ def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
     row = jc * H                                                                  # [C]
     bt = tl.load(beta + row, mask=tm, other=0.0).to(tl.float32)                   # [C]
     if part == 1:
-        Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
+        # 𝒯 diag(β) (float32) times V as given (`dot_input`): one rounding fewer than rounding
+        # 𝒯 and β V each into an operand
+        Tb = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(tl.float32) * bt[None, :]
         for iv in tl.static_range(0, V, BV):
             dv = iv + tl.arange(0, BV)
             mv = tm[:, None] & (dv[None, :] < V)
-            vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0).to(tl.float32)
-            Ut = dot(Ti, (vt * bt[:, None]).to(DT), IEEE)                         # [C, BV]
+            vt = tl.load(v + row[:, None] * V + dv[None, :], mask=mv, other=0.0)  # [C, BV]
+            Ut = dot_input(Tb, vt, DT, IEEE)                                      # [C, BV]
             tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
     else:
         _w_part(k, g, ai, bt, w, kd, dl, row, t, nc, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
@@ -697,17 +717,18 @@ def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C
     dk = tl.arange(0, BK)
     jc = tl.arange(0, C)
     mk = tm[:, None] & (dk[None, :] < K)
-    kt = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0).to(tl.float32)  # [C, BK]
-    eg = tl.full((C, 1), 1.0, tl.float32)                                         # e^G, no gates
+    kin = tl.load(k + row[:, None] * K + dk[None, :], mask=mk, other=0.0)       # [C, BK] as given
+    cb = bt                                                                       # β e^G [C], columns of 𝒯
     if GATE == 1:
         gt = gate_floor(tl.load(g + row, mask=tm, other=0.0))                  # [C]
         # e^{G − G_0}: decays from the chunk's first token (see `first_gate`); the sum of the gates
         # after it, not a difference of prefix sums
-        eg = tl.exp(tl.cumsum(tl.where(jc == 0, 0.0, gt), axis=0))[:, None]
+        cb = bt * tl.exp(tl.cumsum(tl.where(jc == 0, 0.0, gt), axis=0))
         tail = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)[:, None]          # e^{G_C − G}
-        tl.store(kd + row[:, None] * K + dk[None, :], (kt * tail).to(kd.dtype.element_ty), mask=mk)
+        tl.store(kd + row[:, None] * K + dk[None, :], (kin.to(tl.float32) * tail).to(kd.dtype.element_ty), mask=mk)
         tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk,
                  tl.zeros((BK,), dtype=tl.float32) + tl.exp(tl.sum(gt, axis=0)), mask=dk < K)
-    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(DT)  # [C, C]
-    Wt = dot(Ti, (kt * bt[:, None] * eg).to(DT), IEEE)                           # [C, BK]
+    # 𝒯 diag(β e^G) (float32) times K as given (`dot_input`), as U
+    Tb = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(tl.float32) * cb[None, :]
+    Wt = dot_input(Tb, kin, DT, IEEE)                                             # [C, BK]
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
