@@ -3,6 +3,24 @@
 One place decides the device and the problem sizes, so chapters never branch on `cuda` themselves:
 `pick(cpu=..., gpu=...)` returns the value for the machine the reader is on. The environment
 variable LINATTN_SIZE=small|full overrides the choice (CI forces small; a GPU run can force full).
+
+Triton runs in one of three modes (`triton_mode()`), set by the environment before linattn is
+imported (Triton fixes interpreter or compiler when a kernel is defined):
+- 'native': kernels compile for the GPU.
+- 'interpreter' (TRITON_INTERPRET=1, set here when there is no CUDA): Triton's interpreter runs the
+  kernels on the CPU, every tile in float32 with exact products (its bf16 arithmetic is broken), so
+  the CPU checks the algorithms and none of the half-precision roundings a GPU takes.
+- 'emulated' (LINATTN_EMULATE=fp16, which sets TRITON_INTERPRET=1 on any machine): the interpreter
+  runs the kernels, but the library takes its native dtype decisions: fp16 tiles and operands, tf32
+  rounding of computed operands, each product's precision. The interpreter rounds to fp16 as a GPU
+  does, so fp16 errors come out as they do natively (docs/native_correctness.md: the same kernels
+  gave KDA's fp16 gate gradient 1.852e-3 emulated and 1.853e-3 on an H200, on the same inputs), and
+  a precision defect can be found and fixed on a CPU. Only fp16 inputs are taken (others raise an
+  InputError): the interpreter rounds bf16 unlike a GPU and multiplies bf16 tiles wrongly, and it
+  computes exactly the three-tf32 products (about 2⁻²¹) some float32 kernels take natively. Not
+  modelled: the tensor cores' truncation of a float32 operand the kernel did not round to tf32
+  (the interpreter multiplies float32 exactly), and a GPU's launch choices that depend on its SM
+  count (the interpreter counts one).
 """
 from __future__ import annotations
 
@@ -34,9 +52,30 @@ def pick(cpu, gpu):
     return gpu if size_mode() == "full" else cpu
 
 
+# LINATTN_EMULATE's values → the input dtype whose native roundings the interpreter reproduces
+EMULATED = {"fp16": torch.float16}
+
+
+def emulated_dtype():
+    """The input dtype the 'emulated' mode takes (LINATTN_EMULATE, see the module doc), else None."""
+    name = os.environ.get("LINATTN_EMULATE", "").strip().lower()
+    if not name:
+        return None
+    if name not in EMULATED:
+        raise ValueError(f"LINATTN_EMULATE must be one of {sorted(EMULATED)} (or unset), got {name!r}")
+    return EMULATED[name]
+
+
 def triton_mode() -> str:
-    """'native' when kernels compile for a GPU, 'interpreter' when Triton runs them on the CPU."""
-    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "native"
+    """'native' when kernels compile for a GPU, 'interpreter' when Triton runs them on the CPU with
+    float32 tiles, 'emulated' when it runs them with the native dtype decisions (module doc)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if emulated_dtype() is None:
+        return "interpreter" if interpreted else "native"
+    if not interpreted:
+        raise ValueError("LINATTN_EMULATE runs the kernels in Triton's interpreter, but TRITON_INTERPRET is "
+                         f"{os.environ.get('TRITON_INTERPRET')!r}: unset one of them")
+    return "emulated"
 
 
 def describe() -> str:
@@ -45,7 +84,10 @@ def describe() -> str:
     try:
         import triton
 
-        parts.append(f"triton {triton.__version__} ({triton_mode()})")
+        mode = triton_mode()
+        if mode == "emulated":
+            mode = f"emulated {os.environ['LINATTN_EMULATE'].strip().lower()}"
+        parts.append(f"triton {triton.__version__} ({mode})")
     except ImportError:
         parts.append("triton not installed")
     dev = torch.cuda.get_device_name() if has_cuda() else "CPU"
@@ -54,9 +96,12 @@ def describe() -> str:
 
 def _choose_triton_mode() -> None:
     # Triton fixes interpreter vs native when @triton.jit runs, so this must happen before any
-    # kernel module is imported. Without CUDA the interpreter is the only way kernels can run.
-    if not has_cuda():
+    # kernel module is imported. Without CUDA the interpreter is the only way kernels can run; the
+    # emulated mode runs in it on any machine. A contradiction (a bad LINATTN_EMULATE, or it with
+    # TRITON_INTERPRET=0) is raised here, on import, rather than at the first kernel launch.
+    if not has_cuda() or emulated_dtype() is not None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    triton_mode()
 
 
 _choose_triton_mode()

@@ -8,6 +8,12 @@ Two facts decide how a kernel computes (see chapter 09):
   tolerance by two orders of magnitude.
 - Under the Triton interpreter (CPU) bf16 arithmetic is broken, so every tile is upcast to float32
   right after its load. `compute_dtype` gives the one constexpr that says which case applies.
+
+So "interpreting" means two things, kept apart here: `interpreting()`, the kernels run in Triton's
+interpreter on the CPU (any tensor's device, one program at a time), and `float32_tiles()`, every
+tile is float32 with exact products. The plain interpreter has both; the emulated mode
+(LINATTN_EMULATE=fp16, `linattn.device`) runs in the interpreter with the native dtype decisions,
+which is how fp16's native roundings are reproduced on a CPU.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ def _check_import_order() -> None:
     # triton.language defines some of its own (tl.zeros, tl.cdiv, …) on import. Imported before
     # TRITON_INTERPRET=1 was set, those stay compiled-only and every kernel fails on the CPU with
     # "Cannot call @triton.jit'd outside of the scope of a kernel". Say what to do instead.
-    if device.triton_mode() == "interpreter" and type(tl.zeros).__name__ != "InterpretedFunction":
+    if device.triton_mode() != "native" and type(tl.zeros).__name__ != "InterpretedFunction":
         raise ImportError("triton was imported before linattn on a machine without a GPU, so Triton's "
                           "interpreter mode is only half on. Import linattn first (it sets "
                           "TRITON_INTERPRET=1), or set TRITON_INTERPRET=1 before starting Python.")
@@ -70,16 +76,24 @@ def decayed_dtype(dtype: torch.dtype):
     state's gradient: natively (H200) per-head GLA in fp16 had that gradient 6.8e-3 wrong with an
     fp16 operand and 2.0e-4 with this one (conformance case simple_gla-extra-108). bf16 has float32's
     range."""
-    return tl.float32 if dtype == torch.float16 or interpreting() else compute_dtype(dtype)
+    return tl.float32 if dtype == torch.float16 or float32_tiles() else compute_dtype(dtype)
 
 
 def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels on the CPU (plainly or emulating, module doc)."""
+    return device.triton_mode() != "native"
+
+
+def float32_tiles() -> bool:
+    """Whether every tile is float32 with exact products: under the plain interpreter, whose bf16
+    arithmetic is broken. Natively and in the emulated mode the dtype decisions are the native ones."""
     return device.triton_mode() == "interpreter"
 
 
 def compute_dtype(dtype: torch.dtype):
-    """The dtype tiles have inside a kernel: the input's natively, float32 under the interpreter."""
-    return tl.float32 if interpreting() else _TL[dtype]
+    """The dtype tiles have inside a kernel: the input's natively (and emulated), float32 under the
+    plain interpreter."""
+    return tl.float32 if float32_tiles() else _TL[dtype]
 
 
 # The split (e^{b_t − b_s} = e^{b_t} · e^{−b_s}, chapter 11): its factor e^{−b} goes up to e^SPLIT_RANGE,
@@ -135,13 +149,21 @@ def dot_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
 
 
 def check_kernel_inputs(q) -> None:
-    """What the kernels add to linattn.validate: a dtype they compute in, a device they run on."""
+    """What the kernels add to linattn.validate: a dtype they compute in (in the emulated mode, the one
+    it emulates), a device they run on."""
     if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or "
                          "float32 (use linattn.chunk or linattn.naive for float64)")
     if not interpreting() and not q.is_cuda:
         raise InputError(f"q is on {q.device}; linattn.triton runs on CUDA tensors here (the "
                          "Triton interpreter is used only on machines without a GPU)")
+    if device.triton_mode() == "emulated" and q.dtype != device.emulated_dtype():
+        # refused rather than run with float32 tiles: an emulated result is read as the native one
+        raise InputError(f"q has dtype {q.dtype}; the emulated mode (LINATTN_EMULATE) reproduces the "
+                         f"native roundings of {device.emulated_dtype()} inputs only: Triton's interpreter "
+                         "rounds bf16 unlike a GPU and multiplies bf16 tiles wrongly, and it computes "
+                         "exactly the three-tf32 products float32 takes natively (unset LINATTN_EMULATE "
+                         "to run other dtypes with float32 tiles)")
 
 
 def contiguous(*xs):

@@ -57,7 +57,8 @@ import triton.language as tl
 
 from .. import outputs
 from .gated import _packed_chunk
-from .common import GATE_FLOOR, SPLIT_RANGE, block, dot, dot_input, gate_floor, interpreting, kernel, launch, operand, rounds_tf32
+from .common import (GATE_FLOOR, SPLIT_RANGE, block, dot, dot_input, float32_tiles, gate_floor, kernel, launch,
+                     operand, rounds_tf32)
 from .common import split_dtype as operand_dtype
 
 SUB = 16          # sub-chunk: the side of the diagonal blocks done element by element
@@ -76,11 +77,11 @@ TUNING = dict(warps_split=4, warps_exact=4, warps_factor=2, warps_wu=4)
 
 
 def inverse_precision(p) -> str:
-    """input_precision of the inversion's 16×16 float32 products: exact under the interpreter;
+    """input_precision of the inversion's 16×16 float32 products: exact under the plain interpreter;
     natively tf32x3 (about float32) for float32 and fp16 inputs, one tf32 pass for bf16 inputs,
     whose 𝒯 is rounded to 8 bits by the dots that read it anyway. fp16's 𝒯 keeps 11 bits, more than
     the tensor cores' truncated tf32 products leave (`common.tf32`; tf32x3 rounds its parts)."""
-    if interpreting():
+    if float32_tiles():
         return "ieee"
     return "tf32x3" if p.ieee or rounds_tf32(p.work) else "tf32"
 

@@ -38,13 +38,14 @@ import triton
 import triton.language as tl
 
 from .. import outputs
-from .common import dot, dot_input, gate_floor, interpreting, kernel, launch, operand, warps
+from .common import dot, dot_input, float32_tiles, gate_floor, kernel, launch, operand, warps
 from .gated import _packed_chunk
 from .wy import DIAG_DOT_RANGE, split_dtype
 
 def precise(p) -> bool:
-    """float32 tiles natively: tf32x3 products (see `mm`)."""
-    return p.ieee and not interpreting()
+    """float32 tiles natively: tf32x3 products (see `mm`); under the plain interpreter every tile is
+    float32, its products exact."""
+    return p.ieee and not float32_tiles()
 
 
 @triton.jit
