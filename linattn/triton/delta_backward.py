@@ -48,7 +48,7 @@ from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
 from .gated import _packed_chunk, _packed_seq
 from .wy import first_gate
-from .wy_backward import gate_stage, mm, mm_input, precise
+from .wy_backward import gate_stage, mm, precise
 
 # V-blocks of the reverse state pass and of the per-chunk reductions. The reverse pass takes 64-wide
 # V-blocks (V ≤ 32: all of V) whatever the number of programs: with the narrower blocks the forward's
@@ -275,26 +275,17 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
                            axis=0)
             qt = qt * tl.exp(G1)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
-        # dS and dṼ are computed in float32 and meet operands exact in the input dtype (Kd and W as
-        # stored): each such product takes the computed one as two parts (`mm_input`, on its
-        # transpose), where rounding it into one operand made KDA's bf16 initial-state gradient
-        # 1.07x FLA's (H200, conformance case kda-strength-067; emulated on the CPU 2.94e-3, and
-        # 2.53e-3 with these products, against FLA's 2.76e-3): two more products per chunk
-        dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + tl.trans(
-            mm_input(tl.trans(dS), tl.trans(kt), DT, IEEE, X3))                   # [C, BV] dṼ
+        dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
         # Qsᵀ dO: the scale after the product (as the output stage), so that without a gate the
         # product reads the queries as given; rounding scale · q into the operand made the initial
         # state's gradient up to 1.2x less precise than FLA's
-        if GATE == 1:   # Q ⊙ e^{G − G_0} is computed: two parts against dO as given
-            QdO = mm_input(tl.trans(qt), dOt, DT, IEEE, X3)                       # [BK, BV]
-        else:
-            QdO = mm(tl.trans(qt), dOt, DT, IEEE, X3)
+        QdO = mm(tl.trans(qt), dOt, DT, IEEE, X3)                                 # [BK, BV]
         if GATE < 2:
             QdO = QdO * scale
-        dSn = QdO - tl.trans(mm_input(tl.trans(dVt), Wt, DT, IEEE, X3))           # [BK, BV]
+        dSn = QdO - mm(tl.trans(Wt), dVt, DT, IEEE, X3)                           # [BK, BV]
         if GATE == 1:
             dSn = dSn * first_gate(g, r0)        # Qs and W from the chunk's first token (wy.py)
         dS += dSn                                                                 # dS_n
