@@ -139,6 +139,14 @@ def _key_outputs(k, p) -> dict:
                     if p.gate else None))
 
 
+def split_w(p) -> bool:
+    """Whether W = 𝒯 diag(β e^G) K takes 𝒯's float32 tile against the keys as given in two parts
+    (`common.dot_input`): everywhere but fp16 inputs with a 256-wide key tile, whose two tf32
+    products widen the keys to a [C, 256] float32 operand: 96 KB of shared memory at chunk 64, over a
+    T4's 64 KB even with one stage (tools/arch_check.py). There W is one fp16 product."""
+    return not (p.work == torch.float16 and p.BK > 128)
+
+
 def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     """U [B,T,H,V] = 𝒯 diag(β) V; for DeltaNet and Gated DeltaNet also W and the decays of
     `_key_outputs` (KDA's factor kernel has given those)."""
@@ -148,7 +156,7 @@ def wu_stage(q, k, v, g, beta, ai, p) -> dict:
     launch(
         _wu_kernel, (p.NT, p.B * p.H, 1 if p.gate == 2 else 2), k, v, g if p.gate == 1 else k, beta, ai, w, u, kd, u if dl is None else dl, p.T, p.NT, p.H,
         K=p.K, V=p.V, C=p.C, BK=p.BK, BV=min(block(p.V), 64), GATE=p.gate, DT=p.cdt,
-        IEEE=p.ieee, U_ONLY=p.gate == 2, num_warps=TUNING["warps_wu"], **_packed(p))
+        IEEE=p.ieee, U_ONLY=p.gate == 2, SPLIT_W=split_w(p), num_warps=TUNING["warps_wu"], **_packed(p))
     return dict(s, u=u)
 
 
@@ -467,9 +475,44 @@ def _store_rows(x, X, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr
 
 @triton.jit
 def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr,
-                RND: tl.constexpr, PREC: tl.constexpr):
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
+    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
+    K ⊙ e^{−G}, Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16] and P for the next
+    block."""
+    at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
+    gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
+    G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
+    kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
+    qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
+    eg = tl.exp(G)                                                                # ≤ 1
+    qe = qb * eg
+    tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
+    bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
+    # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
+    return (operand(kb * eg, SDT, IEEE, RND), operand(kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE)), SDT, IEEE, RND),
+            operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0))
+
+
+@triton.jit
+def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
+    """A_ij (β on the rows) and scale · Aqk_ij from row block i (kl, ql: K, Q ⊙ e^G) and
+    column block j (kr = K ⊙ e^{−G}); on the diagonal A strictly lower, Aqk lower."""
+    krt = tl.trans(kr)                                                            # [BK, 16]
+    A = dot(kl, krt, IEEE) * bb[:, None]
+    Q = dot(ql, krt, IEEE) * scale
+    if DIAG:
+        r = tl.arange(0, BS)
+        A = tl.where(r[:, None] > r[None, :], A, 0.0)
+        Q = tl.where(r[:, None] >= r[None, :], Q, 0.0)
+    return A, Q
+
+
+@triton.jit
+def _split_rows_x3(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr,
+                   RND: tl.constexpr, PREC: tl.constexpr):
+    """DX3 (fp16, `_kda_split_kernel`): rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
     (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G and Q ⊙ e^G
     (dot operands in SDT, `common.operand`, [16, BK]), K ⊙ e^{−G} in float32 (made an operand where
     `_split_block` uses it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding before
@@ -510,7 +553,7 @@ def _split_diag(kl, ql, kr, bb, scale, IEEE: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _split_block(kl, ql, kr, bb, scale, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
+def _split_block_x3(kl, ql, kr, bb, scale, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
     """A_ij (β on the rows) and scale · Aqk_ij, i > j, from row block i (kl, ql: K, Q ⊙ e^G, dot
     operands) and column block j (kr = K ⊙ e^{−G}, float32)."""
     krt = tl.trans(operand(kr, SDT, IEEE, RND))                                   # [BK, 16]
@@ -541,21 +584,44 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     r0 = (b * T + n * C).to(tl.int64) * H + h                                    # the chunk's row 0
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
     aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
+    # fp16 (DX3): the diagonal blocks at the inversion's precision from the unrounded rows
+    # (`_split_diag`), K ⊙ e^{−G} rounded where a product reads it (`_split_rows_x3`). bf16 and
+    # float32 keep the blocks as one product of the operands each, in the order the kernel was
+    # tuned in (bf16's products are as precise either way; restructured, it spilled more: 948
+    # against 864 bytes per thread for sm_90, and took 3.27 against 2.92 ms on an H200 at B = 8,
+    # T = 4096, H = 16, K = V = 128).
+    DX3: tl.constexpr = PREC == "tf32x3" and not IEEE
     P = tl.zeros((BK,), dtype=tl.float32)
-    kl0, kr0, ql0, b0, P, A00, Q00 = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT,
-                                                 IEEE, RND, PREC)
-    kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT,
-                                                 IEEE, RND, PREC)
-    A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, SDT, IEEE, RND)
-    kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT,
-                                                 IEEE, RND, PREC)
-    A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, SDT, IEEE, RND)
-    A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, SDT, IEEE, RND)
-    kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT,
-                                                 IEEE, RND, PREC)
-    A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, SDT, IEEE, RND)
-    A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, SDT, IEEE, RND)
-    A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, SDT, IEEE, RND)
+    if DX3:
+        kl0, kr0, ql0, b0, P, A00, Q00 = _split_rows_x3(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC)
+        kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows_x3(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC)
+        A10, Q10 = _split_block_x3(kl1, ql1, kr0, b1, scale, SDT, IEEE, RND)
+        kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows_x3(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC)
+        A20, Q20 = _split_block_x3(kl2, ql2, kr0, b2, scale, SDT, IEEE, RND)
+        A21, Q21 = _split_block_x3(kl2, ql2, kr1, b2, scale, SDT, IEEE, RND)
+        kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows_x3(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC)
+        A30, Q30 = _split_block_x3(kl3, ql3, kr0, b3, scale, SDT, IEEE, RND)
+        A31, Q31 = _split_block_x3(kl3, ql3, kr1, b3, scale, SDT, IEEE, RND)
+        A32, Q32 = _split_block_x3(kl3, ql3, kr2, b3, scale, SDT, IEEE, RND)
+    else:
+        kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT, IEEE, RND)
+        A00, Q00 = _split_block(kl0, ql0, kr0, b0, scale, True, IEEE)
+        kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT, IEEE, RND)
+        A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, False, IEEE)
+        A11, Q11 = _split_block(kl1, ql1, kr1, b1, scale, True, IEEE)
+        kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT, IEEE, RND)
+        A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, False, IEEE)
+        A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, False, IEEE)
+        A22, Q22 = _split_block(kl2, ql2, kr2, b2, scale, True, IEEE)
+        kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT, IEEE, RND)
+        A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, False, IEEE)
+        A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, False, IEEE)
+        A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, False, IEEE)
+        A33, Q33 = _split_block(kl3, ql3, kr3, b3, scale, True, IEEE)
     _store_lower(aqk, Q00, Q10, Q11, Q20, Q21, Q22, Q30, Q31, Q32, Q33, n, T, H, C)
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _invert(
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, PREC)
@@ -670,6 +736,7 @@ def _kda_blocks(q, k, g, beta, aqk, ai, w, qg, kd, dl, scale, n, nc, bh, T, NT, 
 def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, U_ONLY: tl.constexpr,
+               SPLIT_W: tl.constexpr,
                cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     # grid axis 2 splits the work in two programs of similar size: part 0 everything that reads
     # K and the gates (W and the state pass's decays), part 1 all of U, V-block by V-block,
@@ -703,12 +770,12 @@ def _wu_kernel(k, v, g, beta, ai, w, u, kd, dl, T, NT, H, K: tl.constexpr,
             Ut = dot_input(Tb, vt, DT, IEEE)                                      # [C, BV]
             tl.store(u + row[:, None] * V + dv[None, :], Ut.to(u.dtype.element_ty), mask=mv)
     else:
-        _w_part(k, g, ai, bt, w, kd, dl, row, t, nc, bh, T, NT, H, K, C, BK, GATE, DT, IEEE)
+        _w_part(k, g, ai, bt, w, kd, dl, row, t, nc, bh, T, NT, H, K, C, BK, GATE, DT, IEEE, SPLIT_W)
 
 
 @triton.jit
 def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C: tl.constexpr,
-            BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+            BK: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, SPLIT_W: tl.constexpr):
     """DeltaNet / Gated DeltaNet, from one load of K (and the per-head gates): W = 𝒯 (β K ⊙ e^G),
     for Gated DeltaNet taken from the chunk's first token, W̃ = e^{−G_0} W (`first_gate`);
     with gates, for the state pass, K ⊙ e^{G_C − G} and e^{G_C}. G_C − G_i = g_{i+1} + … + g_C
@@ -729,7 +796,11 @@ def _w_part(k, g, ai, bt, w, kd, dl, row, t, n, bh, T, NT, H, K: tl.constexpr, C
         tl.store(kd + row[:, None] * K + dk[None, :], (kin.to(tl.float32) * tail).to(kd.dtype.element_ty), mask=mk)
         tl.store(dl + (bh.to(tl.int64) * NT + n) * K + dk,
                  tl.zeros((BK,), dtype=tl.float32) + tl.exp(tl.sum(gt, axis=0)), mask=dk < K)
-    # 𝒯 diag(β e^G) (float32) times K as given (`dot_input`), as U
-    Tb = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0).to(tl.float32) * cb[None, :]
-    Wt = dot_input(Tb, kin, DT, IEEE)                                             # [C, BK]
+    # 𝒯 diag(β e^G) (float32) times K as given (`dot_input`), as U; else (`split_w`) 𝒯 and the
+    # decayed keys each rounded into an operand
+    Ti = tl.load(ai + row[:, None] * C + jc[None, :], mask=tm[:, None], other=0.0)  # [C, C] float32
+    if SPLIT_W:
+        Wt = dot_input(Ti * cb[None, :], kin, DT, IEEE)                           # [C, BK]
+    else:
+        Wt = dot(Ti.to(DT), (kin.to(tl.float32) * cb[:, None]).to(DT), IEEE)
     tl.store(w + row[:, None] * K + dk[None, :], Wt.to(w.dtype.element_ty), mask=mk)
