@@ -10,17 +10,16 @@ imported (Triton fixes interpreter or compiler when a kernel is defined):
 - 'interpreter' (TRITON_INTERPRET=1, set here when there is no CUDA): Triton's interpreter runs the
   kernels on the CPU, every tile in float32 with exact products (its bf16 arithmetic is broken), so
   the CPU checks the algorithms and none of the half-precision roundings a GPU takes.
-- 'emulated' (LINATTN_EMULATE=fp16, which sets TRITON_INTERPRET=1 on any machine): the interpreter
-  runs the kernels, but the library takes its native dtype decisions: fp16 tiles and operands, tf32
-  rounding of computed operands, each product's precision. The interpreter rounds to fp16 as a GPU
-  does, so fp16 errors come out as they do natively (docs/native_correctness.md: the same kernels
-  gave KDA's fp16 gate gradient 1.852e-3 emulated and 1.853e-3 on an H200, on the same inputs), and
-  a precision defect can be found and fixed on a CPU. Only fp16 inputs are taken (others raise an
-  InputError): the interpreter rounds bf16 unlike a GPU and multiplies bf16 tiles wrongly, and it
-  computes exactly the three-tf32 products (about 2⁻²¹) some float32 kernels take natively. Not
-  modelled: the tensor cores' truncation of a float32 operand the kernel did not round to tf32
-  (the interpreter multiplies float32 exactly), and a GPU's launch choices that depend on its SM
-  count (the interpreter counts one).
+- 'emulated' (LINATTN_EMULATE=fp16 or bf16, which sets TRITON_INTERPRET=1 on any machine): the
+  interpreter runs the kernels, but the library takes its native dtype decisions (half tiles and
+  operands, tf32 rounding of computed operands, each product's precision), and the interpreter is
+  taught to round bf16 and to read float32 product operands as tf32 as a GPU does
+  (`linattn.triton.emulate`). Errors then come out as they do natively (docs/native_correctness.md:
+  KDA's fp16 gate gradient 1.852e-3 emulated and 1.853e-3 on an H200, DeltaNet's bf16 dq 4.655e-3
+  both, on the same inputs), and a precision defect can be found and fixed on a CPU. Only inputs of
+  the named dtype are taken (others raise an InputError). Not modelled: the order in which the
+  tensor cores sum a product's terms, and a GPU's launch choices that depend on its SM count (the
+  interpreter counts one).
 """
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ def pick(cpu, gpu):
 
 
 # LINATTN_EMULATE's values → the input dtype whose native roundings the interpreter reproduces
-EMULATED = {"fp16": torch.float16}
+EMULATED = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def emulated_dtype():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import time
 
 import torch
@@ -45,6 +46,9 @@ def _check_import_order() -> None:
 
 
 _check_import_order()
+if device.triton_mode() == "emulated":
+    from . import emulate
+    emulate.install()       # the interpreter rounds and multiplies bf16 and tf32 as a GPU does
 
 # Sizes that change from call to call — the length T, the chunk count NT, the heads H, BTH = B·T·H —
 # are not specialised on. By default Triton compiles a kernel again when an integer argument is 1 or a
@@ -158,12 +162,12 @@ def check_kernel_inputs(q) -> None:
         raise InputError(f"q is on {q.device}; linattn.triton runs on CUDA tensors here (the "
                          "Triton interpreter is used only on machines without a GPU)")
     if device.triton_mode() == "emulated" and q.dtype != device.emulated_dtype():
-        # refused rather than run with float32 tiles: an emulated result is read as the native one
-        raise InputError(f"q has dtype {q.dtype}; the emulated mode (LINATTN_EMULATE) reproduces the "
-                         f"native roundings of {device.emulated_dtype()} inputs only: Triton's interpreter "
-                         "rounds bf16 unlike a GPU and multiplies bf16 tiles wrongly, and it computes "
-                         "exactly the three-tf32 products float32 takes natively (unset LINATTN_EMULATE "
-                         "to run other dtypes with float32 tiles)")
+        # refused rather than run with other tiles: an emulated result is read as the native one
+        raise InputError(f"q has dtype {q.dtype}; the emulated mode (LINATTN_EMULATE="
+                         f"{os.environ.get('LINATTN_EMULATE', '').strip()}) reproduces the native roundings "
+                         f"of {device.emulated_dtype()} inputs only (LINATTN_EMULATE=fp16 or bf16 for "
+                         "half inputs; float32 ones are not emulated: unset it to run them with the "
+                         "interpreter's float32 tiles)")
 
 
 def contiguous(*xs):
