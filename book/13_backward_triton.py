@@ -923,8 +923,9 @@ show(common.kernel)
 # Every check in this chapter ran at a few shapes. The claim a reader needs is wider: at every head
 # dimension from 16 to 256, every length around a chunk boundary, every dtype and every gate strength
 # a model produces, each gradient is as precise as the production library's on the same inputs.
-# That claim is about compiled kernels (the interpreter computes in float32 whatever the inputs), so
-# it is measured on a GPU by the conformance suite (`tools/conformance.py`, `linattn.conformance`):
+# That claim is about compiled kernels (the plain interpreter computes in float32 whatever the inputs;
+# its emulated mode, `LINATTN_EMULATE=bf16` or `fp16`, rounds as a GPU does and is how several rules
+# below were found on a CPU), so it is measured on a GPU by the conformance suite (`tools/conformance.py`, `linattn.conformance`):
 # a generated matrix of cases, each against a float64 reference computed on the same GPU, with FLA
 # run beside ours on the cases it accepts. `--record` keeps the worst relative error per variant ×
 # dtype × tensor in `book/data/error_budget.json`; the next cell reads it.
@@ -1024,7 +1025,7 @@ if budget is not None:
 # %% [markdown]
 # The points above the diagonal are the rows of the last table: the budget is what the library
 # measured, not what it hoped, and `docs/native_correctness.md` keeps what is open about each.
-# Three rules keep the rest on or below it, each found by comparing with FLA on these cases:
+# Four rules keep the rest on or below it, each found by comparing with FLA on these cases:
 #
 # * the backward keeps GLA's chunk states $h$ and their gradients $D$ in float32: the gate gradient
 #   $e^{b_C}\odot\sum_v h\odot D$ is an elementwise sum, and bf16 states rounded it to three digits;
@@ -1033,8 +1034,12 @@ if budget is not None:
 # * $dv$'s intra-chunk product $P^\top dO$ runs at about float32 precision, because $P$ is a float32
 #   intermediate the next rounding would cost $dv$ directly. For bf16 inputs $dO$ is exact in bf16,
 #   so $P$ is split into a bf16 high part and a bf16 remainder, $P = P_{hi} + P_{lo}$, and the product
-#   is two bf16 products with $P$'s error near $2^{-17}$; for fp16 inputs three tf32 products
-#   (`common.dot_split`).
+#   is two bf16 products with $P$'s error near $2^{-17}$; for fp16 inputs two tf32 products of
+#   $P$'s tf32 part and its remainder (`common.dot_split`);
+# * in the delta rules the same split takes every computed float32 tile that meets an input exact in
+#   its dtype — $U = (\mathcal{T}\,\mathrm{diag}\,\beta)\,V$, $W$, the score gradients against the
+#   keys — and the queries' scale multiplies $QS$ and $Q^\top dO$ after the product, so no product
+#   rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand.
 #
 # Each rule costs time (measured in `docs/performance.md`); where precision and speed pull apart,
 # the library takes precision.
