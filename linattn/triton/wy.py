@@ -475,11 +475,16 @@ def _store_rows(x, X, i: tl.constexpr, n, T, H, K: tl.constexpr, C: tl.constexpr
 
 @triton.jit
 def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
+                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr,
+                RND: tl.constexpr, PREC: tl.constexpr, DX3: tl.constexpr):
     """Rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
-    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G,
-    K ⊙ e^{−G}, Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16] and P for the next
-    block."""
+    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G, K ⊙ e^{−G},
+    Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16], P for the next block and,
+    with DX3 (fp16), the diagonal block (A_ii, scale · Aqk_ii) from the unrounded rows
+    (`_split_diag`; zeros without). With DX3 K ⊙ e^{−G} stays float32 (made an operand where
+    `_split_block_x3` uses it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding
+    before the store to fp16 would round twice). The operations stay in the order each variant was
+    compiled and measured in."""
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
     gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
     G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
@@ -490,8 +495,14 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
     bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
     # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
-    return (operand(kb * eg, SDT, IEEE, RND), operand(kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE)), SDT, IEEE, RND),
-            operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0))
+    kl, kr = kb * eg, kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))
+    if DX3:
+        Ad, Qd = _split_diag(kl, qe, kr, bb, scale, IEEE, PREC)
+    else:
+        Ad = tl.zeros((BS, BS), dtype=tl.float32)
+        Qd = Ad
+        kr = operand(kr, SDT, IEEE, RND)
+    return operand(kl, SDT, IEEE, RND), kr, operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0), Ad, Qd
 
 
 @triton.jit
@@ -506,32 +517,6 @@ def _split_block(kl, ql, kr, bb, scale, DIAG: tl.constexpr, IEEE: tl.constexpr):
         A = tl.where(r[:, None] > r[None, :], A, 0.0)
         Q = tl.where(r[:, None] >= r[None, :], Q, 0.0)
     return A, Q
-
-
-@triton.jit
-def _split_rows_x3(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.constexpr,
-                C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr, IEEE: tl.constexpr,
-                   RND: tl.constexpr, PREC: tl.constexpr):
-    """DX3 (fp16, `_kda_split_kernel`): rows 16 i … 16 i + 15 of the chunk (zeros past T or C), G = P + their own prefix sums
-    (P [BK]: the gates of the rows before). Stores scale · Q ⊙ e^G; returns K ⊙ e^G and Q ⊙ e^G
-    (dot operands in SDT, `common.operand`, [16, BK]), K ⊙ e^{−G} in float32 (made an operand where
-    `_split_block` uses it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding before
-    the store to fp16 would round twice), β [16], P for the next block, and the diagonal block
-    (A_ii, scale · Aqk_ii) from the unrounded rows (`_split_diag`)."""
-    at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
-    gb = gate_floor(tl.load(g + at, mask=m, other=0.0))
-    G = tl.cumsum(gb, axis=0) + P[None, :]                                        # [16, BK]
-    kb = tl.load(k + at, mask=m, other=0.0).to(tl.float32)
-    qb = tl.load(q + at, mask=m, other=0.0).to(tl.float32)
-    eg = tl.exp(G)                                                                # ≤ 1
-    qe = qb * eg
-    tl.store(qg + at, (qe * scale).to(qg.dtype.element_ty), mask=m)
-    bb = tl.load(beta + rh, mask=rm, other=0.0).to(tl.float32)
-    # e^{−G} capped at the bound: a chunk past it is flagged and redone, but stays finite here
-    kl, kr = kb * eg, kb * tl.exp(tl.minimum(-G, DIAG_DOT_RANGE))
-    Ad, Qd = _split_diag(kl, qe, kr, bb, scale, IEEE, PREC)
-    return (operand(kl, SDT, IEEE, RND), kr, operand(qe, SDT, IEEE, RND), bb, P + tl.sum(gb, axis=0),
-            Ad, Qd)
 
 
 @triton.jit
@@ -585,7 +570,7 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     q, k, g, beta = q + r0 * K, k + r0 * K, g + r0 * K, beta + r0
     aqk, ai, w, qg, kd = aqk + r0 * C, ai + r0 * C, w + r0 * K, qg + r0 * K, kd + r0 * K
     # fp16 (DX3): the diagonal blocks at the inversion's precision from the unrounded rows
-    # (`_split_diag`), K ⊙ e^{−G} rounded where a product reads it (`_split_rows_x3`). bf16 and
+    # (`_split_diag`), K ⊙ e^{−G} rounded where a product reads it (`_split_rows`). bf16 and
     # float32 keep the blocks as one product of the operands each, in the order the kernel was
     # tuned in (bf16's products are as precise either way; restructured, it spilled more: 948
     # against 864 bytes per thread for sm_90, and took 3.27 against 2.92 ms on an H200 at B = 8,
@@ -593,31 +578,35 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
     DX3: tl.constexpr = PREC == "tf32x3" and not IEEE
     P = tl.zeros((BK,), dtype=tl.float32)
     if DX3:
-        kl0, kr0, ql0, b0, P, A00, Q00 = _split_rows_x3(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK,
-                                                        SDT, IEEE, RND, PREC)
-        kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows_x3(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK,
-                                                        SDT, IEEE, RND, PREC)
+        kl0, kr0, ql0, b0, P, A00, Q00 = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC, DX3)
+        kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC, DX3)
         A10, Q10 = _split_block_x3(kl1, ql1, kr0, b1, scale, SDT, IEEE, RND)
-        kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows_x3(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK,
-                                                        SDT, IEEE, RND, PREC)
+        kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC, DX3)
         A20, Q20 = _split_block_x3(kl2, ql2, kr0, b2, scale, SDT, IEEE, RND)
         A21, Q21 = _split_block_x3(kl2, ql2, kr1, b2, scale, SDT, IEEE, RND)
-        kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows_x3(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK,
-                                                        SDT, IEEE, RND, PREC)
+        kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK,
+                                                        SDT, IEEE, RND, PREC, DX3)
         A30, Q30 = _split_block_x3(kl3, ql3, kr0, b3, scale, SDT, IEEE, RND)
         A31, Q31 = _split_block_x3(kl3, ql3, kr1, b3, scale, SDT, IEEE, RND)
         A32, Q32 = _split_block_x3(kl3, ql3, kr2, b3, scale, SDT, IEEE, RND)
     else:
-        kl0, kr0, ql0, b0, P = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT, IEEE, RND)
+        kl0, kr0, ql0, b0, P, _, _ = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT,
+                                                     IEEE, RND, PREC, DX3)
         A00, Q00 = _split_block(kl0, ql0, kr0, b0, scale, True, IEEE)
-        kl1, kr1, ql1, b1, P = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT, IEEE, RND)
+        kl1, kr1, ql1, b1, P, _, _ = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK, SDT,
+                                                     IEEE, RND, PREC, DX3)
         A10, Q10 = _split_block(kl1, ql1, kr0, b1, scale, False, IEEE)
         A11, Q11 = _split_block(kl1, ql1, kr1, b1, scale, True, IEEE)
-        kl2, kr2, ql2, b2, P = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT, IEEE, RND)
+        kl2, kr2, ql2, b2, P, _, _ = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK, SDT,
+                                                     IEEE, RND, PREC, DX3)
         A20, Q20 = _split_block(kl2, ql2, kr0, b2, scale, False, IEEE)
         A21, Q21 = _split_block(kl2, ql2, kr1, b2, scale, False, IEEE)
         A22, Q22 = _split_block(kl2, ql2, kr2, b2, scale, True, IEEE)
-        kl3, kr3, ql3, b3, P = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT, IEEE, RND)
+        kl3, kr3, ql3, b3, P, _, _ = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK, SDT,
+                                                     IEEE, RND, PREC, DX3)
         A30, Q30 = _split_block(kl3, ql3, kr0, b3, scale, False, IEEE)
         A31, Q31 = _split_block(kl3, ql3, kr1, b3, scale, False, IEEE)
         A32, Q32 = _split_block(kl3, ql3, kr2, b3, scale, False, IEEE)
