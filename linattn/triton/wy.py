@@ -26,7 +26,8 @@ A_ij = β_i Σ_d k_id k_jd e^{G_id − G_jd} (i > j), Aqk_ij = scale Σ_d q_id k
 
 𝒯 is stored in float32: U = (𝒯 diag(β)) V and W = (𝒯 diag(β e^G)) K are each computed as
 a float32 matrix times an input exact in its dtype (`common.dot_input`), so neither 𝒯 nor β V
-is rounded into a half-precision operand (KDA's W, whose keys carry computed decays, rounds them).
+is rounded into a half-precision operand (W for key tiles up to 128 wide, `split_w`; KDA's W,
+whose keys carry computed decays, rounds them).
 
 Decays. With log-gates down to −20 per token, e^{±G} over a chunk under- and overflows float32.
 Every exponent here is ≤ 0 — a difference G_i − G_j with i ≥ j, or a tail G_C − G_i summed from
@@ -141,10 +142,11 @@ def _key_outputs(k, p) -> dict:
 
 def split_w(p) -> bool:
     """Whether W = 𝒯 diag(β e^G) K takes 𝒯's float32 tile against the keys as given in two parts
-    (`common.dot_input`): everywhere but fp16 inputs with a 256-wide key tile, whose two tf32
-    products widen the keys to a [C, 256] float32 operand: 96 KB of shared memory at chunk 64, over a
-    T4's 64 KB even with one stage (tools/arch_check.py). There W is one fp16 product."""
-    return not (p.work == torch.float16 and p.BK > 128)
+    (`common.dot_input`): for key tiles up to 128 wide. At 256 the parts need more shared memory
+    than a T4's 64 KB per block even with one stage (tools/arch_check.py, chunk 64: 96 KB for fp16,
+    whose tf32 products widen the keys to float32; 80 KB for Gated DeltaNet in bf16), and W is one
+    product of operands in the input dtype, as before the rule."""
+    return p.BK <= 128
 
 
 def wu_stage(q, k, v, g, beta, ai, p) -> dict:
