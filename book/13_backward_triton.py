@@ -1001,8 +1001,8 @@ show(wy.first_gate)
 # cases. Below the diagonal ours is the more precise. Which pairs there are depends on where FLA
 # ran: FLA 0.6.0 refuses some of its backward passes on this toolchain (Gated DeltaNet's, and
 # DeltaNet's in float32; the table's "FLA refused" counts), and its autotuned kernels compile for
-# minutes per shape, so the recorded run put it beside ours on the cases of DeltaNet, Gated DeltaNet
-# and KDA it reached, and on GLA's shortest sequences (up to 16 tokens in bf16 and fp16, up to 2,048
+# minutes per shape, so the recorded run put it beside ours on DeltaNet's and KDA's bf16 and fp16
+# cases, and on GLA's shortest sequences (up to 16 tokens in bf16 and fp16, up to 2,048
 # in float32); `tools/conformance.py --no-fla` leaves it out. In float32 FLA multiplies tiles
 # as tf32 (10 mantissa bits) and ours as three tf32 products or exactly.
 
