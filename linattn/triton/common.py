@@ -12,8 +12,8 @@ Two facts decide how a kernel computes (see chapter 09):
 So "interpreting" means two things, kept apart here: `interpreting()`, the kernels run in Triton's
 interpreter on the CPU (any tensor's device, one program at a time), and `float32_tiles()`, every
 tile is float32 with exact products. The plain interpreter has both; the emulated mode
-(LINATTN_EMULATE=fp16, `linattn.device`) runs in the interpreter with the native dtype decisions,
-which is how fp16's native roundings are reproduced on a CPU.
+(LINATTN_EMULATE=fp16 or bf16, `linattn.device`, `emulate`) runs in the interpreter with the native
+dtype decisions, which is how the native half-precision roundings are reproduced on a CPU.
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def dot_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
     """a @ b for a computed float32 tile a and b an input tile exact in the compute dtype DT
     (keys, values, queries): `dot_split` for half inputs, exact products for float32 ones (IEEE)."""
     if IEEE:
-        return tl.dot(a, b.to(tl.float32), input_precision="ieee")
+        return dot(a, b.to(tl.float32), IEEE)
     return dot_split(a, b.to(DT), IEEE)
 
 

@@ -79,9 +79,10 @@ TUNING = dict(warps_split=4, warps_exact=4, warps_factor=2, warps_wu=4)
 
 def inverse_precision(p) -> str:
     """input_precision of the inversion's 16×16 float32 products: exact under the plain interpreter;
-    natively tf32x3 (about float32) for float32 and fp16 inputs, one tf32 pass for bf16 inputs,
-    whose 𝒯 is rounded to 8 bits by the dots that read it anyway. fp16's 𝒯 keeps 11 bits, more than
-    the tensor cores' truncated tf32 products leave (`common.tf32`; tf32x3 rounds its parts)."""
+    natively tf32x3 (about float32) for float32 and fp16 inputs, one tf32 pass for bf16 inputs, whose
+    𝒯 then carries about tf32's 10 bits, past the 8 of a bf16 input, into U and W (`dot_input`).
+    fp16's 𝒯 keeps 11 bits, more than the tensor cores' truncated tf32 products leave
+    (`common.tf32`; tf32x3 rounds its parts)."""
     if float32_tiles():
         return "ieee"
     return "tf32x3" if p.ieee or rounds_tf32(p.work) else "tf32"
@@ -484,7 +485,7 @@ def _split_rows(q, k, g, beta, qg, P, scale, i: tl.constexpr, n, T, H, K: tl.con
     Q ⊙ e^G (dot operands in SDT, `common.operand`, [16, BK]), β [16], P for the next block and,
     with DX3 (fp16), the diagonal block (A_ii, scale · Aqk_ii) from the unrounded rows
     (`_split_diag`; zeros without). With DX3 K ⊙ e^{−G} stays float32 (made an operand where
-    `_split_block_x3` uses it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding
+    `_split_block` reads it: it also gives the stored K ⊙ e^{G_C − G}, which a tf32 rounding
     before the store to fp16 would round twice). The operations stay in the order each variant was
     compiled and measured in."""
     at, m, rm, rh = _row_block(i, n, T, H, K, C, BK)
@@ -539,14 +540,6 @@ def _split_diag(kl, ql, kr, bb, scale, IEEE: tl.constexpr, PREC: tl.constexpr):
             tl.where(r[:, None] >= r[None, :], Q * scale, 0.0))
 
 
-@triton.jit
-def _split_block_x3(kl, ql, kr, bb, scale, SDT: tl.constexpr, IEEE: tl.constexpr, RND: tl.constexpr):
-    """A_ij (β on the rows) and scale · Aqk_ij, i > j, from row block i (kl, ql: K, Q ⊙ e^G, dot
-    operands) and column block j (kr = K ⊙ e^{−G}, float32)."""
-    krt = tl.trans(operand(kr, SDT, IEEE, RND))                                   # [BK, 16]
-    return dot(kl, krt, IEEE) * bb[:, None], dot(ql, krt, IEEE) * scale
-
-
 @kernel
 def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT, H,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SDT: tl.constexpr,
@@ -584,16 +577,16 @@ def _kda_split_kernel(q, k, g, beta, aqk, ai, w, qg, kd, dl, exact, scale, T, NT
                                                         SDT, IEEE, RND, PREC, DX3)
         kl1, kr1, ql1, b1, P, A11, Q11 = _split_rows(q, k, g, beta, qg, P, scale, 1, n, T, H, K, C, BK,
                                                         SDT, IEEE, RND, PREC, DX3)
-        A10, Q10 = _split_block_x3(kl1, ql1, kr0, b1, scale, SDT, IEEE, RND)
+        A10, Q10 = _split_block(kl1, ql1, operand(kr0, SDT, IEEE, RND), b1, scale, False, IEEE)
         kl2, kr2, ql2, b2, P, A22, Q22 = _split_rows(q, k, g, beta, qg, P, scale, 2, n, T, H, K, C, BK,
                                                         SDT, IEEE, RND, PREC, DX3)
-        A20, Q20 = _split_block_x3(kl2, ql2, kr0, b2, scale, SDT, IEEE, RND)
-        A21, Q21 = _split_block_x3(kl2, ql2, kr1, b2, scale, SDT, IEEE, RND)
+        A20, Q20 = _split_block(kl2, ql2, operand(kr0, SDT, IEEE, RND), b2, scale, False, IEEE)
+        A21, Q21 = _split_block(kl2, ql2, operand(kr1, SDT, IEEE, RND), b2, scale, False, IEEE)
         kl3, kr3, ql3, b3, P, A33, Q33 = _split_rows(q, k, g, beta, qg, P, scale, 3, n, T, H, K, C, BK,
                                                         SDT, IEEE, RND, PREC, DX3)
-        A30, Q30 = _split_block_x3(kl3, ql3, kr0, b3, scale, SDT, IEEE, RND)
-        A31, Q31 = _split_block_x3(kl3, ql3, kr1, b3, scale, SDT, IEEE, RND)
-        A32, Q32 = _split_block_x3(kl3, ql3, kr2, b3, scale, SDT, IEEE, RND)
+        A30, Q30 = _split_block(kl3, ql3, operand(kr0, SDT, IEEE, RND), b3, scale, False, IEEE)
+        A31, Q31 = _split_block(kl3, ql3, operand(kr1, SDT, IEEE, RND), b3, scale, False, IEEE)
+        A32, Q32 = _split_block(kl3, ql3, operand(kr2, SDT, IEEE, RND), b3, scale, False, IEEE)
     else:
         kl0, kr0, ql0, b0, P, _, _ = _split_rows(q, k, g, beta, qg, P, scale, 0, n, T, H, K, C, BK, SDT,
                                                      IEEE, RND, PREC, DX3)

@@ -63,8 +63,8 @@ def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, RND: tl.con
 @triton.jit
 def mm_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
     """a @ b for a computed float32 tile a (a score gradient) and b an input tile (keys, queries),
-    exact in DT: half inputs as `common.dot_split`'s two products (`common.dot_input`), so a keeps about float32
-    precision where one product would round it to DT. Without it DeltaNet's dq and dk in bf16
+    exact in DT: half inputs as `common.dot_split`'s two products (`common.dot_input`), so a keeps
+    about float32 precision where one product would round it to DT. Without it DeltaNet's dq and dk in bf16
     were up to 1.35x and 1.23x less precise than FLA's (H200, conformance case delta_rule-length-038,
     T = 2, where the intra-chunk scores make the whole gradient), which rounds the same scores once.
     Float32 inputs: `mm`."""
