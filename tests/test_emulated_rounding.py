@@ -5,15 +5,25 @@ GPU does, so the native half-precision errors show on a CPU.
 The mode is decided when linattn is imported, so the measurements run in a child process per dtype
 (this file run as a script) and the tests read what it printed. Small cases against float64
 autograd through `linattn.naive` (`linattn.conformance.case`), each with a precision rule of the
-delta family that a bound below needs (each bound was seen to fail with its rule taken out):
+library that a bound below needs (each bound was seen to fail with its rule taken out):
 - fp16 DeltaNet with an initial state, K = V = 128, whose scale K^-1/2 is not a power of two: the
   output kernel and the reverse state pass multiply Q S and Qᵀ dO by the scale after the product.
   With scale · q rounded into the fp16 operand first, d initial state comes out 2.73e-4 instead of
   1.53e-4 and o 4.13e-4 instead of 3.52e-4 (at K = 64 the scale 1/8 is exact and nothing shows).
 - fp16 KDA with log-sigmoid gates, K = V = 64: the gate kernel's split score products take three
   tf32 products (`wy_backward.split_x3`). With one, dg comes out 1.63e-3 instead of 2.24e-4.
+- fp16 GLA and linear attention, K = V = 128: the output step takes its computed operands in two
+  parts against operands exact in fp16 (`common.dot_input`): q ⊙ e^b against the state, the
+  intra-chunk matrix A against v (triton/gated.py). With both rounded to fp16 first, o comes out
+  3.51e-4 instead of 2.78e-4 (GLA) and 2.94e-4 instead of 2.54e-4 (linear attention, A only).
+  Per-head gates multiply q S by the decay e^{b_t} after the product (q stays the input): with
+  q · e^{b_t} rounded into the operand, o comes out 3.04e-4 instead of 2.20e-4.
 - bf16 DeltaNet at T = 2 (`CASES_BF16`): the score gradients as two bf16 parts against the keys
   (`wy_backward.mm_input`). With one bf16 operand, dq comes out 3.26e-3 instead of 2.18e-3.
+- bf16 KDA with weak gates, an initial state and a final-state gradient, K = V = 128, T = 192: the
+  reverse state pass takes dS and dṼ as two bf16 parts (`delta_backward.two_part_state_grads`).
+  With one product each, d initial state comes out 2.53e-3 instead of 2.18e-3 and dv 3.65e-3
+  instead of 3.22e-3.
 The plain interpreter computes the same cases with float32 tiles: the float32 results (final
 state, d initial state, dg, dβ) are then below 1.5e-6 from float64, so an emulation that silently
 fell back to float32 tiles fails `test_half_roundings_are_modelled`. How close the emulation comes
@@ -35,21 +45,36 @@ CASES = {
     "delta_rule": dict(CASE, id="emulated-delta_rule", variant="delta_rule", K=128, V=128, strength=None,
                        h0=True, final=True),
     "kda": dict(CASE, id="emulated-kda", variant="kda", K=64, V=64, strength="logsigmoid"),
+    "gla": dict(CASE, id="emulated-gla", variant="gla", K=128, V=128, strength="normal", sub_chunk_size=16,
+                final=True),
+    "linear_attn": dict(CASE, id="emulated-linear_attn", variant="linear_attn", K=128, V=128, strength=None,
+                        final=True),
+    "simple_gla": dict(CASE, id="emulated-simple_gla", variant="simple_gla", K=128, V=128, strength="normal",
+                       final=True),
 }
 # bf16: DeltaNet at T = 2 (the inputs of conformance case delta_rule-length-038), whose dq and dk come
 # from the intra-chunk scores alone (module doc)
 CASES_BF16 = {
     "delta_rule_t2": dict(CASE, id="emulated-delta_rule-t2", variant="delta_rule", dtype="bfloat16", T=2,
                           H=1, K=128, V=128, strength=None, final=True, seed=38),
+    "kda_weak": dict(CASE, id="emulated-kda-weak", variant="kda", dtype="bfloat16", T=192, K=128, V=128,
+                     strength="weak", h0=True, final=True, dht=True),
 }
 # Results in float32 whatever the input dtype: under float32 tiles their errors are float32's
-FLOAT32_RESULTS = {"delta_rule": ("S", "dh0"), "kda": ("dg", "dbeta"), "delta_rule_t2": ("S",)}
+FLOAT32_RESULTS = {"delta_rule": ("S", "dh0"), "kda": ("dg", "dbeta"), "delta_rule_t2": ("S",), "gla": ("S",),
+                   "linear_attn": (), "simple_gla": ("S",),  # linear attention: S is float32-exact
+                   "kda_weak": ("dbeta", "dh0")}
 HALF_LEVEL = 5e-5            # emulated: 1.5e-4 and up; float32 tiles: below 1.5e-6
 BOUNDS = {                   # emulated as the code is / without the rule (module doc)
     "delta_rule": {"dh0": 2.2e-4,      # 1.53e-4 / 2.73e-4
                    "o": 3.9e-4},       # 3.52e-4 / 4.13e-4
     "kda": {"dg": 6e-4},               # 2.24e-4 / 1.63e-3
+    "gla": {"o": 3.1e-4},              # 2.78e-4 / 3.51e-4
+    "linear_attn": {"o": 2.75e-4},     # 2.54e-4 / 2.94e-4
+    "simple_gla": {"o": 2.6e-4},       # 2.20e-4 / 3.04e-4
     "delta_rule_t2": {"dq": 2.7e-3},   # 2.18e-3 / 3.26e-3
+    "kda_weak": {"dh0": 2.35e-3,       # 2.18e-3 / 2.53e-3
+                 "dv": 3.45e-3},       # 3.22e-3 / 3.65e-3
 }
 
 
@@ -123,8 +148,10 @@ def test_within_tolerance(emulated):
 
 def test_precision_bounds(emulated):
     """DeltaNet: the scale after the product (triton/delta.py, delta_backward.py); KDA: three tf32
-    products for the split score products of fp16 inputs (wy_backward.split_x3); DeltaNet bf16 at
-    T = 2: the score gradients as two parts against the keys (wy_backward.mm_input)."""
+    products for the split score products of fp16 inputs (wy_backward.split_x3); GLA and linear
+    attention: the output step's two-part products (triton/gated.py); DeltaNet bf16 at
+    T = 2: the score gradients as two parts against the keys (wy_backward.mm_input); KDA bf16: the
+    reverse pass's state gradients as two parts (delta_backward.two_part_state_grads)."""
     assert set(emulated["errs"]) == set(CASES if emulated["half"] == "fp16" else CASES_BF16)
     for op, errs in emulated["errs"].items():
         for name, bound in BOUNDS[op].items():

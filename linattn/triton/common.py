@@ -144,6 +144,17 @@ def dot_split(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def dot_split_bf16(a, b):
+    """a @ b for a bf16 tile a and a computed float32 tile b, b in two bf16 parts: hi = bf16(b),
+    lo = bf16(b − hi), two bf16 products. b keeps about 16 of its bits where one product would
+    round it to bf16's 8; a is taken as given. For a gradient carried from chunk to chunk
+    (`delta_backward._dstate_kernel`)."""
+    hi = b.to(tl.bfloat16)
+    lo = (b - hi.to(tl.float32)).to(tl.bfloat16)
+    return tl.dot(a, lo, tl.dot(a, hi))
+
+
+@triton.jit
 def dot_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
     """a @ b for a computed float32 tile a and b an input tile exact in the compute dtype DT
     (keys, values, queries): `dot_split` for half inputs, exact products for float32 ones (IEEE)."""

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import contiguous, gate_floor, kernel, launch, stage, tile, warps
+from .common import contiguous, dot_split_bf16, gate_floor, kernel, launch, stage, tile, warps
 from .delta import factors_and_states, output_stage, plan
 from .gated import _packed_chunk, _packed_seq
 from .wy import first_gate
@@ -167,10 +167,24 @@ def dstate_stage(q, g, wy, do, dht, p):
         wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
         dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
         H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), HAS_DHT=dht is not None,
+        X3=precise(p), TWO=two_part_state_grads(p), HAS_DHT=dht is not None,
         num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV),
         max_stages=dstate_stages(p), **p.packed("cu_seqlens", "chunk_offsets"))
     return dhs, dvnew, dh0
+
+
+def two_part_state_grads(p) -> bool:
+    """Whether the reverse pass takes the state gradients dS (against Kd) and dṼ (against Wᵀ) as
+    two bf16 parts each (`common.dot_split_bf16`): KDA with bf16 inputs. Those two products round
+    the gradients that the pass carries from chunk to chunk; one bf16 product each left KDA's
+    initial-state gradient 1.07× FLA's worst on the same inputs (H200, conformance case
+    kda-strength-067, weak gates, T = 300), two parts bring it to 0.92× (the emulated mode:
+    2.53e-3 against FLA's 2.76e-3) and dv, dβ 5–15 % lower too. They cost KDA's pass 0.94 → 1.01 ms
+    (H200, bf16, B = 8, T = 4096, H = 16, K = V = 128); DeltaNet's took 0.72 → 1.02 ms, for gradients
+    already at 0.85–0.93× FLA's, so DeltaNet and Gated DeltaNet keep one product. fp16 inputs keep
+    one product too: KDA's fp16 gradients are at or below 0.81× FLA's, and a two-part fp16 pass
+    (tf32 parts) returned wrong gradients natively at K = 64, V = 128, chunk 16."""
+    return p.gate == 2 and p.cdt == tl.bfloat16
 
 
 def dstate_stages(p) -> int:
@@ -229,7 +243,7 @@ def chunk_block(p, narrow: bool = False) -> int:
 def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                   X3: tl.constexpr, HAS_DHT: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
+                   X3: tl.constexpr, TWO: tl.constexpr, HAS_DHT: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
                    VARLEN: tl.constexpr = False):
     iv, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -275,7 +289,10 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
                            axis=0)
             qt = qt * tl.exp(G1)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
-        dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)         # [C, BV] dṼ
+        if TWO:         # dS in two parts (`two_part_state_grads`)
+            dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + dot_split_bf16(kt.to(DT), dS)      # [C, BV] dṼ
+        else:
+            dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)     # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
@@ -285,7 +302,10 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
         QdO = mm(tl.trans(qt), dOt, DT, IEEE, X3)                                 # [BK, BV]
         if GATE < 2:
             QdO = QdO * scale
-        dSn = QdO - mm(tl.trans(Wt), dVt, DT, IEEE, X3)                           # [BK, BV]
+        if TWO:
+            dSn = QdO - dot_split_bf16(tl.trans(Wt).to(DT), dVt)                  # [BK, BV]
+        else:
+            dSn = QdO - mm(tl.trans(Wt), dVt, DT, IEEE, X3)                       # [BK, BV]
         if GATE == 1:
             dSn = dSn * first_gate(g, r0)        # Qs and W from the chunk's first token (wy.py)
         dS += dSn                                                                 # dS_n
