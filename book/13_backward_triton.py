@@ -1025,7 +1025,7 @@ if budget is not None:
 # %% [markdown]
 # The points above the diagonal are the rows of the last table: the budget is what the library
 # measured, not what it hoped, and `docs/native_correctness.md` keeps what is open about each.
-# Four rules keep the rest on or below it, each found by comparing with FLA on these cases:
+# Five rules keep the rest on or below it, each found by comparing with FLA on these cases:
 #
 # * the backward keeps GLA's chunk states $h$ and their gradients $D$ in float32: the gate gradient
 #   $e^{b_C}\odot\sum_v h\odot D$ is an elementwise sum, and bf16 states rounded it to three digits;
@@ -1039,7 +1039,11 @@ if budget is not None:
 # * in the delta rules the same split takes every computed float32 tile that meets an input exact in
 #   its dtype — $U = (\mathcal{T}\,\mathrm{diag}\,\beta)\,V$, $W$, the score gradients against the
 #   keys — and the queries' scale multiplies $QS$ and $Q^\top dO$ after the product, so no product
-#   rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand.
+#   rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand;
+# * the forward's output step of the GLA family takes the same split for $(q\odot e^{b})\,S$ and,
+#   for fp16 inputs, for $A V$; per-head gates multiply $qS$ by $e^{b_t}$ after the product; and
+#   KDA's reverse pass in bf16 takes the two gradients it carries from chunk to chunk, $dS$ and
+#   $d\tilde V$, as two bf16 parts each.
 #
 # Each rule costs time (measured in `docs/performance.md`); where precision and speed pull apart,
 # the library takes precision.
