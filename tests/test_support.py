@@ -4,17 +4,19 @@ the refusals must come from the check)."""
 import pytest
 import torch
 
-from linattn import support, testing
+from linattn import device, support, testing
 from linattn.validate import InputError
 import linattn.triton as tri
 
+DEV = device.default_device()   # natively CUDA tensors: the Triton level refuses CPU ones before any check here
 OPS = {"linear_attn": ("linear_attn", None), "gla": ("gla", "per_dim"), "delta_rule": ("delta_rule", None),
        "kda": ("kda", "per_head")}
 
 
 def args(op, K=16, V=16, T=4, dtype=torch.float32):
     name, gate = OPS[op]
-    return name, testing.make_inputs(name, B=1, T=T, H=1, K=K, V=V, dtype=dtype, gate=gate or "per_dim")
+    return name, testing.make_inputs(name, B=1, T=T, H=1, K=K, V=V, dtype=dtype, gate=gate or "per_dim",
+                                     device=DEV)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -68,6 +70,6 @@ def test_packed_sequences_run_at_the_triton_level(op):
     """Every Triton op takes cu_seqlens (tests/test_triton_packing.py): one state per sequence, the
     initial states [N, H, K, V] not refused as a wrong shape."""
     fn, a = args(op)
-    a["initial_state"] = torch.zeros(2, 1, 16, 16)
-    o, S = getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4]), output_final_state=True)
+    a["initial_state"] = torch.zeros(2, 1, 16, 16, device=DEV)
+    o, S = getattr(tri, fn)(**a, cu_seqlens=torch.tensor([0, 1, 4], device=DEV), output_final_state=True)
     assert o.shape == a["v"].shape and S.shape == (2, 1, 16, 16)
