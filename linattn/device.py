@@ -93,6 +93,34 @@ def describe() -> str:
     return f"device: {dev} · sizes: {size_mode()} · " + " · ".join(parts)
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run linattn's kernels in this environment, or None when it can.
+    Triton before 3.7 turns a loop bound (a one-element array in the interpreter) into a Python int
+    with int(), which NumPy 2 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"), so every kernel with a chunk loop stops there: seen with Triton 3.6, the GPU machines'
+    toolchain, where only the emulated mode uses the interpreter. Triton 3.7 squeezes the array first."""
+    try:
+        import numpy as np
+        import triton
+    except ImportError:
+        return None
+    try:
+        int(np.zeros(1))
+        return None
+    except TypeError:
+        pass
+    try:
+        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) >= (3, 7):
+        return None
+    return (f"Triton {triton.__version__}'s interpreter cannot run these kernels with NumPy {np.__version__} "
+            "(it converts a one-element array to int, which NumPy 2 refuses; Triton 3.7 does not): "
+            "install triton==3.7.1 (requirements.txt) to run linattn.triton in the interpreter "
+            "(no GPU, or LINATTN_EMULATE)")
+
+
 def _choose_triton_mode() -> None:
     # Triton fixes interpreter vs native when @triton.jit runs, so this must happen before any
     # kernel module is imported. Without CUDA the interpreter is the only way kernels can run; the

@@ -123,6 +123,9 @@ def child(code=None, **env):
 
 @pytest.fixture(scope="module", params=["fp16", "bf16"])
 def emulated(request):
+    from linattn import device
+    if device.interpreter_problem():    # this Triton's interpreter runs no kernel (Triton 3.6 + NumPy 2)
+        pytest.skip(device.interpreter_problem())
     r = child(LINATTN_EMULATE=request.param, TRITON_INTERPRET="1")
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout.strip().splitlines()[-1]), half=request.param)
@@ -174,6 +177,30 @@ def test_other_dtypes_are_refused(emulated):
 def test_contradictory_settings_fail_on_import(env, words):
     r = child("import linattn", **env)
     assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+def test_an_interpreter_that_cannot_run_the_kernels_is_named(monkeypatch):
+    """Triton 3.6's interpreter with NumPy 2 stops every kernel with a chunk loop on a TypeError
+    about one-element arrays: the Triton level says so, and what to install, before any launch."""
+    import numpy as np
+    import triton
+    from linattn import device
+    from linattn.triton import common
+    refuses = True
+    try:
+        int(np.zeros(1))
+        refuses = False
+    except TypeError:
+        pass
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
+    assert device.interpreter_problem() is None
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    msg = device.interpreter_problem()
+    assert (msg is not None) == refuses
+    if refuses:
+        assert "triton==3.7.1" in msg
+        with pytest.raises(RuntimeError, match="interpreter cannot run these kernels"):
+            common.check_kernel_inputs(torch.zeros(1, 1, 1, 16))
 
 
 def test_default_interpreter_keeps_float32_tiles():

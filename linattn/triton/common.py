@@ -169,6 +169,8 @@ def check_kernel_inputs(q) -> None:
     if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or "
                          "float32 (use linattn.chunk or linattn.naive for float64)")
+    if interpreting() and device.interpreter_problem():
+        raise RuntimeError(device.interpreter_problem())
     if not interpreting() and not q.is_cuda:
         raise InputError(f"q is on {q.device}; linattn.triton runs on CUDA tensors here (the "
                          "Triton interpreter is used only on machines without a GPU)")
