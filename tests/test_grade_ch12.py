@@ -51,7 +51,7 @@ def recurrent(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=No
     acc = _acc(q)
     q_, k_, v_, do_ = (x.to(acc) for x in (q, k, v, do))
     a = (g[..., None] if g.dim() == 3 else g).to(acc).exp()          # [B, T, H, K or 1]
-    S = [torch.zeros(B, H, K, v.shape[-1], dtype=acc) if initial_state is None
+    S = [torch.zeros(B, H, K, v.shape[-1], dtype=acc, device=q.device) if initial_state is None
          else initial_state.to(acc)]
     for t in range(T):
         S.append(a[:, t, :, :, None] * S[-1] + k_[:, t, :, :, None] * v_[:, t, :, None, :])
@@ -86,7 +86,7 @@ def chunkwise(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=No
     C = chunk_size
     stop = T - C + 1 if bug == "drops the last partial chunk" else T
     starts = list(range(0, max(stop, 0), C))
-    S = torch.zeros(B, H, K, V, dtype=acc) if initial_state is None else initial_state.to(acc)
+    S = torch.zeros(B, H, K, V, dtype=acc, device=q.device) if initial_state is None else initial_state.to(acc)
     Sin = []
     for s in starts:                                                  # the forward's chunk states
         b = gg[:, :, s:s + C].cumsum(2)
@@ -98,13 +98,13 @@ def chunkwise(q, k, v, g, do, *, scale=None, initial_state=None, dfinal_state=No
     if dfinal_state is not None and bug != "ignores the incoming final-state gradient":
         dS = dfinal_state.to(acc)
     dq, dk, dv = torch.zeros_like(qh), torch.zeros_like(k_), torch.zeros_like(v_)
-    dg = torch.zeros(B, H, T, K, dtype=acc)
+    dg = torch.zeros(B, H, T, K, dtype=acc, device=q.device)
     for n in reversed(range(len(starts))):
         sl = slice(starts[n], starts[n] + C)
         qc, kc, vc, doc = qh[:, :, sl], k_[:, :, sl], v_[:, :, sl], do_[:, :, sl]
         b = gg[:, :, sl].cumsum(2)                                    # [B, H, c, K or 1]
         L = qc.shape[2]
-        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
         W = (b[:, :, :, None] - b[:, :, None]).masked_fill(~causal[:, :, None], NEG_INF).exp()
         P = torch.einsum("bhik,bhjk,bhijk->bhij", qc, kc, W)
         dP = (doc @ vc.transpose(-1, -2)) * causal
@@ -169,13 +169,13 @@ def delta(q, k, v, beta, do, *, scale=None, initial_state=None, dfinal_state=Non
     acc = _acc(q)
     qs, ks, vs, dos = (x.to(acc).transpose(1, 2) for x in (q, k, v, do))    # [B, H, T, *]
     bs = beta.to(acc).transpose(1, 2)[..., None]                          # [B, H, T, 1]
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=acc) if initial_state is None else initial_state.to(acc)
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=acc, device=q.device) if initial_state is None else initial_state.to(acc)
     spans = [(s, min(s + chunk_size, T)) for s in range(0, T, chunk_size)]
     saved = []
     for s, e in spans:                                                    # forward, keeping factors
         qc, kc, vc, bc = qs[:, :, s:e], ks[:, :, s:e], vs[:, :, s:e], bs[:, :, s:e]
         Akk = (kc @ kc.transpose(-1, -2)).tril(-1)
-        eye = torch.eye(e - s, dtype=acc)
+        eye = torch.eye(e - s, dtype=acc, device=q.device)
         Tm = torch.linalg.solve_triangular(eye + bc * Akk, eye, upper=False, unitriangular=True)
         U, W = Tm @ (bc * vc), Tm @ (bc * kc)
         Vt = U - W @ S
