@@ -133,8 +133,7 @@ def dot_split(a, b, IEEE: tl.constexpr):
     hi = tf32(a) and lo = a − hi, two tf32 products (a's error ~2⁻²¹): fp16 parts would leave lo
     below fp16's normal range for small a. Float32 b: `dot_x3`."""
     if b.dtype == tl.bfloat16:
-        hi = a.to(tl.bfloat16)
-        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        hi, lo = bf16_parts(a)
         return tl.dot(lo, b, tl.dot(hi, b))
     if b.dtype == tl.float16:
         bf = b.to(tl.float32)
@@ -144,13 +143,19 @@ def dot_split(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def bf16_parts(x):
+    """A float32 tile as two bf16 tiles hi = bf16(x) and lo = bf16(x − hi): hi + lo keeps about 16 of
+    x's bits where hi alone keeps bf16's 8 (`dot_split`, `dot_split_bf16`)."""
+    hi = x.to(tl.bfloat16)
+    return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def dot_split_bf16(a, b):
-    """a @ b for a bf16 tile a and a computed float32 tile b, b in two bf16 parts: hi = bf16(b),
-    lo = bf16(b − hi), two bf16 products. b keeps about 16 of its bits where one product would
-    round it to bf16's 8; a is taken as given. For a gradient carried from chunk to chunk
+    """a @ b for a bf16 tile a and a computed float32 tile b in two bf16 parts (`bf16_parts`), two
+    bf16 products; a is taken as given. For a gradient carried from chunk to chunk
     (`delta_backward._dstate_kernel`)."""
-    hi = b.to(tl.bfloat16)
-    lo = (b - hi.to(tl.float32)).to(tl.bfloat16)
+    hi, lo = bf16_parts(b)
     return tl.dot(a, lo, tl.dot(a, hi))
 
 
@@ -169,8 +174,9 @@ def check_kernel_inputs(q) -> None:
     if q.dtype not in TRITON_DTYPES:
         raise InputError(f"q has dtype {q.dtype}; linattn.triton computes in float16, bfloat16 or "
                          "float32 (use linattn.chunk or linattn.naive for float64)")
-    if interpreting() and device.interpreter_problem():
-        raise RuntimeError(device.interpreter_problem())
+    problem = interpreting() and device.interpreter_problem()
+    if problem:
+        raise RuntimeError(problem)
     if not interpreting() and not q.is_cuda:
         raise InputError(f"q is on {q.device}; linattn.triton runs on CUDA tensors here (the "
                          "Triton interpreter is used only on machines without a GPU)")

@@ -239,6 +239,15 @@ def chunk_block(p, narrow: bool = False) -> int:
 
 # ---------------------------------------------------------------- kernels
 
+@triton.jit
+def _carried(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, TWO: tl.constexpr):
+    """a @ b in the reverse pass for b a state gradient it carries from chunk to chunk (dS, dṼ):
+    b in two bf16 parts where TWO (`two_part_state_grads`), else `mm`."""
+    if TWO:
+        return dot_split_bf16(a.to(DT), b)
+    return mm(a, b, DT, IEEE, X3)
+
+
 @kernel
 def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT, H,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -289,10 +298,7 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
                            axis=0)
             qt = qt * tl.exp(G1)[:, None]
         Wt = tl.load(w + offk, mask=mk, other=0.0).to(tl.float32)                 # [C, BK]
-        if TWO:         # dS in two parts (`two_part_state_grads`)
-            dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + dot_split_bf16(kt.to(DT), dS)      # [C, BV] dṼ
-        else:
-            dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + mm(kt, dS, DT, IEEE, X3)     # [C, BV] dṼ
+        dVt = mm(tl.trans(Aqk), dOt, DT, IEEE, X3) + _carried(kt, dS, DT, IEEE, X3, TWO)   # [C, BV] dṼ
         tl.store(dvnew + offv, dVt, mask=mv)
         if GATE > 0:
             dS = dS * tl.load(dl + (bh.to(tl.int64) * NT + n) * K + dk, mask=dk < K, other=0.0)[:, None]
@@ -302,10 +308,7 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
         QdO = mm(tl.trans(qt), dOt, DT, IEEE, X3)                                 # [BK, BV]
         if GATE < 2:
             QdO = QdO * scale
-        if TWO:
-            dSn = QdO - dot_split_bf16(tl.trans(Wt).to(DT), dVt)                  # [BK, BV]
-        else:
-            dSn = QdO - mm(tl.trans(Wt), dVt, DT, IEEE, X3)                       # [BK, BV]
+        dSn = QdO - _carried(tl.trans(Wt), dVt, DT, IEEE, X3, TWO)                # [BK, BV]
         if GATE == 1:
             dSn = dSn * first_gate(g, r0)        # Qs and W from the chunk's first token (wy.py)
         dS += dSn                                                                 # dS_n
