@@ -152,10 +152,11 @@ def bf16_parts(x):
 
 @triton.jit
 def dot_split_bf16(a, b):
-    """a @ b for a bf16 tile a and a computed float32 tile b in two bf16 parts (`bf16_parts`), two
-    bf16 products; a is taken as given. For a gradient carried from chunk to chunk
+    """a @ b for a tile a taken in bf16 and a computed float32 tile b in two bf16 parts
+    (`bf16_parts`), two bf16 products. For a gradient carried from chunk to chunk
     (`delta_backward._dstate_kernel`)."""
     hi, lo = bf16_parts(b)
+    a = a.to(tl.bfloat16)
     return tl.dot(a, lo, tl.dot(a, hi))
 
 

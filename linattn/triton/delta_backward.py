@@ -244,7 +244,7 @@ def _carried(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, TWO: 
     """a @ b in the reverse pass for b a state gradient it carries from chunk to chunk (dS, dṼ):
     b in two bf16 parts where TWO (`two_part_state_grads`), else `mm`."""
     if TWO:
-        return dot_split_bf16(a.to(DT), b)
+        return dot_split_bf16(a, b)
     return mm(a, b, DT, IEEE, X3)
 
 
