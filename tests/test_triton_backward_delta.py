@@ -311,3 +311,26 @@ def test_wide_blocks_that_do_not_fit_fall_back(monkeypatch):
     got, _ = ours("kda", a, dO, dS, chunk_size=16)
     assert tried == [64, 32]
     assert_close(got, ref, GRAD_TOL[torch.float32])
+
+
+def test_two_part_pass_that_does_not_fit_falls_back(monkeypatch):
+    # a GPU with too little shared memory for KDA's bf16 reverse pass with two-part products (a T4
+    # at K = 256): common.launch refuses it with an InputError, and the backward launches the pass
+    # with one product each, with the gradients that pass gives
+    from linattn.validate import InputError
+    real, tried = delta_backward.launch, []
+
+    def launch(kernel, grid, *args, **kw):
+        if kernel is delta_backward._dstate_kernel:
+            tried.append(kw["TWO"])
+            if kw["TWO"]:
+                raise InputError("does not fit this GPU (simulated)")
+        return real(kernel, grid, *args, **kw)
+    monkeypatch.setattr(delta_backward, "launch", launch)
+    monkeypatch.setattr(delta_backward, "two_part_state_grads", lambda p: True)   # as for KDA bf16
+    a = inputs("kda", "per_dim", 1, 20, 1, 32, 32, torch.float32, seed=9)
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    got, _ = ours("kda", a, dO, dS, chunk_size=16)
+    assert tried == [True, False]
+    assert_close(got, ref, GRAD_TOL[torch.float32])

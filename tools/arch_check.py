@@ -52,7 +52,8 @@ REGS_PER_THREAD = 255          # every architecture here
 REGS_PER_SM = 64 * 1024        # registers a block of num_warps · 32 threads may take at most
 # Launches whose not fitting the wrapper handles itself (it catches OutOfResources).
 FALLBACKS = {"_fused_kernel": "runs in states mode",
-             "_dchunk_kernel": "32-wide V-blocks (delta_backward.dchunk_stage)"}
+             "_dchunk_kernel": "32-wide V-blocks (delta_backward.dchunk_stage)",
+             "_dstate_kernel": "one product per carried gradient (delta_backward.dstate_stage)"}
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
@@ -438,13 +439,16 @@ def fits(res: dict, cc: int, warps: int) -> bool:
 def fallback(r: Record) -> str | None:
     """What the wrapper does where this launch does not fit, if it handles that itself (FALLBACKS):
     the fused GLA program runs in states mode; the delta rules' per-chunk kernel with its wide
-    V-blocks (bf16/fp16, `delta_backward.chunk_block`) retries with the narrow ones."""
+    V-blocks (bf16/fp16, `delta_backward.chunk_block`) retries with the narrow ones; KDA's bf16
+    reverse pass with two-part products (`delta_backward.two_part_state_grads`) with one."""
     name = r.fn.__name__
     if name == "_dchunk_kernel":
         from linattn.triton.delta_backward import TUNING
         c = _constexprs(r)
         wide = c.get("BV") == TUNING["bv_chunk_wide"] and not c.get("IEEE")
         return FALLBACKS[name] if wide else None
+    if name == "_dstate_kernel":
+        return FALLBACKS[name] if _constexprs(r).get("TWO") else None
     return FALLBACKS.get(name)
 
 

@@ -162,14 +162,26 @@ def dstate_stage(q, g, wy, do, dht, p):
     dvnew = outputs.empty((B, T, H, V), dtype=torch.float32, device=p.device)
     dh0 = outputs.empty((p.N, H, K, V), dtype=torch.float32, device=p.device)
     BV = tile(V, TUNING["bv_state"])
-    launch(_dstate_kernel, (triton.cdiv(V, BV), p.N * H),
-        wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
-        wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
-        dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
-        H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-        X3=precise(p), TWO=two_part_state_grads(p), HAS_DHT=dht is not None,
-        num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV),
-        max_stages=dstate_stages(p), **p.packed("cu_seqlens", "chunk_offsets"))
+
+    def run(two):
+        launch(_dstate_kernel, (triton.cdiv(V, BV), p.N * H),
+            wy["qg"] if p.gate == 2 else q, g if p.gate == 1 else q, wy["kd"],
+            wy["dl"] if p.gate else dh0, wy["w"], wy["aqk"], do,
+            dh0 if dht is None else dht, dhs, dvnew, dh0, p.scale, T, p.NT,
+            H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
+            X3=precise(p), TWO=two, HAS_DHT=dht is not None,
+            num_warps=warps(TUNING["warps_state_f32" if precise(p) else "warps_state"], BV),
+            max_stages=dstate_stages(p), **p.packed("cu_seqlens", "chunk_offsets"))
+
+    two = two_part_state_grads(p)
+    try:
+        run(two)
+    except InputError:
+        if not two:
+            raise
+        # the two parts do not fit this GPU even with one stage (a T4: 96 KB at K = 256, chunk 64,
+        # against 64 KB per block); one product each fits, as before they were taken
+        run(False)
     return dhs, dvnew, dh0
 
 
@@ -183,7 +195,9 @@ def two_part_state_grads(p) -> bool:
     (H200, bf16, B = 8, T = 4096, H = 16, K = V = 128); DeltaNet's took 0.72 → 1.02 ms, for gradients
     already at 0.85–0.93× FLA's, so DeltaNet and Gated DeltaNet keep one product. fp16 inputs keep
     one product too: KDA's fp16 gradients are at or below 0.81× FLA's, and a two-part fp16 pass
-    (tf32 parts) returned wrong gradients natively at K = 64, V = 128, chunk 16."""
+    (tf32 parts) returned wrong gradients natively at K = 64, V = 128, chunk 16. On a GPU whose
+    shared memory does not hold the two parts (a T4 at K = 256, tools/arch_check.py),
+    `dstate_stage` launches one product each instead."""
     return p.gate == 2 and p.cdt == tl.bfloat16
 
 
