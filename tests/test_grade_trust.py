@@ -17,7 +17,7 @@ import torch
 
 import linattn
 from linattn import naive
-from linattn.grade import check, grading, progress, progress_text
+from linattn.grade import check, grading, isolate, progress, progress_text
 from linattn.grade.cli import main as cli
 
 
@@ -27,6 +27,14 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv("LINATTN_TIME_LIMIT", raising=False)
     yield tmp_path / "home"
     linattn.set_impl("linear_attn", "auto")
+
+
+@pytest.fixture(autouse=True)
+def fork_as_on_a_cpu(monkeypatch):
+    """These tests are about the grader's forked child itself, so they fork even where a GPU is
+    visible (which makes every check run in-process, isolate.fork_is_safe): the functions they
+    grade use neither CUDA nor autograd, the two things a forked child cannot use there."""
+    monkeypatch.setattr(isolate, "accelerators", lambda: 0)
 
 
 @pytest.fixture(params=["forked", "in-process"])
@@ -270,6 +278,24 @@ def test_progress_cannot_be_written_from_the_grading_process():
     r = grade(writer, record=False)
     assert not r.passed and "recorded by the notebook's process only" in r.message
     assert not progress.passed("ch01.parallel")
+
+
+def test_a_machine_with_a_gpu_grades_in_process(monkeypatch):
+    """Where PyTorch sees a GPU, autograd's engine keeps a thread per GPU: a child forked after
+    this process ran a backward cannot run one (it raises or dies), so a backward exercise would
+    fail for no fault of the reader's. There every function runs in this process."""
+    monkeypatch.setattr(isolate, "accelerators", lambda: 1)
+    pids = []
+
+    def recurrent(q, k, v, **kw):
+        pids.append(os.getpid())
+        return naive.linear_attn(q, k, v, **kw)
+
+    assert grade(recurrent, record=False).passed
+    assert pids and set(pids) == {os.getpid()}
+    monkeypatch.setattr(isolate, "accelerators", lambda: 0)        # a CPU machine forks
+    pids.clear()
+    assert grade(recurrent, record=False).passed and not pids
 
 
 def test_the_notebook_process_never_runs_the_graded_object(home):

@@ -9,7 +9,7 @@ functions, or from chapter 09 on, Triton kernels with their launchers). `spec(na
 PyTorch code a kernel exercise must match. Each case has a time limit: `check(..., time_limit=s)`
 or $LINATTN_TIME_LIMIT (seconds; default 60; 0 or inf: none). Your function runs in a forked child
 process that is killed at the limit, and only this process judges it and records a pass (see
-isolate.py for where it runs in-process instead: Windows, kernel exercises on a GPU).
+isolate.py for where it runs in-process instead: Windows, a machine with a GPU).
 """
 from . import catalog
 from .grading import Result, check

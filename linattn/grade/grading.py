@@ -137,9 +137,9 @@ def _grade(ex: Exercise, fn, seed: int, limit=None, quiet=True) -> Result:
 
 
 def _isolated(dev) -> bool:
-    """Whether the function runs in a forked child: wherever fork exists, except for kernel
-    exercises on a GPU (a forked child cannot use CUDA once this process has)."""
-    return dev is None and isolate.can_fork()
+    """Whether the function runs in a forked child: wherever fork exists and no GPU is visible (a
+    forked child can use neither CUDA nor autograd once this process has; isolate.py)."""
+    return dev is None and isolate.fork_is_safe()
 
 
 class _ReaderError(Exception):

@@ -17,8 +17,13 @@ The child runs PyTorch on one thread: an OpenMP thread pool the parent started d
 forked child, and a parallel region there would wait for its threads forever.
 
 Where forking cannot work, the function runs in the notebook's own process (`InProcess`): on a
-platform without fork (Windows), and for kernel exercises on a GPU — CUDA cannot be used in a child
-forked after the parent initialised it. There the time limit is an alarm between bytecodes
+platform without fork (Windows), and on any machine where PyTorch sees a GPU. CUDA cannot be used
+in a child forked after the parent initialised it, and neither can autograd: its engine keeps a
+worker thread per GPU, started by the parent's first backward, so a forked child's backward raises
+("Unable to handle autograd's threading in combination with fork-based multiprocessing") or dies
+setting up CUDA — every backward exercise would fail for a reason that is not the reader's. Which
+functions use autograd cannot be known before they run, so on a GPU machine every check runs
+in-process (`fork_is_safe`). There the time limit is an alarm between bytecodes
 (limits.py); a function that catches BaseException outlasts it, and then fails for running past
 the limit (only the stop button or a kernel restart ends an endless one), and the global torch
 state (default dtype and device, grad mode, random state, threads, ...) is restored after each call.
@@ -67,6 +72,21 @@ class BadRecord(ValueError):
 
 def can_fork() -> bool:
     return hasattr(os, "fork") and hasattr(os, "killpg") and hasattr(signal, "SIGUSR1")
+
+
+def accelerators() -> int:
+    """How many GPUs (or other accelerators) this PyTorch sees; 0 on a CPU-only machine."""
+    counts = [torch.cuda.device_count()]
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "device_count"):
+        counts.append(acc.device_count())
+    return max(counts)
+
+
+def fork_is_safe() -> bool:
+    """Whether the reader's function may run in a forked child: fork exists and no accelerator is
+    visible (see the module docstring: with one, a child's CUDA and autograd both fail)."""
+    return can_fork() and accelerators() == 0
 
 
 # ---- what crosses the pipe: plain data only ---------------------------------------------------

@@ -2,7 +2,7 @@
 
 Checks normally run the reader's function in a forked child that the grader kills at the limit
 (isolate.py). This module is the limit where the function runs in the notebook's own process
-(no fork, or a kernel exercise on a GPU), and the parsing of the limit itself.
+(no fork, or a machine with a GPU), and the parsing of the limit itself.
 
 In the main thread (a notebook cell, a script) a SIGALRM timer interrupts the call between two
 Python bytecodes — a single long PyTorch operation finishes first. Elsewhere (another thread, a
