@@ -15,11 +15,13 @@ import torch
 import linattn.triton as lt  # before triton: linattn switches the interpreter on without a GPU
 import triton
 import triton.language as tl
-from linattn import outputs, testing
+from linattn import device, outputs, testing
 from linattn.conformance import case as C
 from linattn.conformance import matrix, runner
 from linattn.triton import step
 from linattn.validate import InputError
+
+DEV = device.default_device()   # natively the Triton level runs CUDA tensors only
 
 
 def tiny(variant="linear_attn", **kw):
@@ -160,9 +162,9 @@ def _store_n_plus_one(x, N):
 
 def test_guards_catch_a_kernel_store_past_the_end():
     with outputs.guarded() as g:
-        x = outputs.empty((10,), dtype=torch.float32, device="cpu")
+        x = outputs.empty((10,), dtype=torch.float32, device=DEV)
     _store_n_plus_one[(1,)](x, 10)
-    assert torch.equal(x, torch.arange(10, dtype=torch.float32))               # the buffer looks right
+    assert torch.equal(x.cpu(), torch.arange(10, dtype=torch.float32))         # the buffer looks right
     with pytest.raises(outputs.GuardError, match="after it"):
         g.check()
 
@@ -176,13 +178,13 @@ def test_guards_catch_a_library_write_past_the_end(monkeypatch):
 
         def call(**a):
             o, S = fn(**a)
-            past = torch.empty(0, dtype=o.dtype).set_(o.untyped_storage(), o.storage_offset() + o.numel(), (1,))
+            past = torch.empty(0, dtype=o.dtype, device=o.device).set_(o.untyped_storage(), o.storage_offset() + o.numel(), (1,))
             past.fill_(0.0)                                                    # [1]: the element after o
             return o, S
         return call
 
     monkeypatch.setattr(C, "triton_fn", leaky)
-    row = C.run(tiny(decode=False), "cpu")
+    row = C.run(tiny(decode=False), DEV)
     assert row["status"] == "fail" and "guard" in row["failed"] and row["guards"]
     assert all(row["err"][k] <= row["tol"][k] for k in row["err"])
 
@@ -201,13 +203,13 @@ def after(edit):
 
 
 def test_clean_case_passes():
-    row = C.run(tiny(), "cpu")
+    row = C.run(tiny(), DEV)
     assert row["status"] == "pass", row["failed"]
 
 
 def test_an_output_off_by_a_little_fails(monkeypatch):
     wrap(monkeypatch, after(lambda c, a, o, S: (o * (1 + 1e-3), S)))
-    row = C.run(tiny(decode=False), "cpu")
+    row = C.run(tiny(decode=False), DEV)
     assert row["status"] == "fail" and "o" in row["failed"] and "S" not in row["failed"]
 
 
@@ -216,14 +218,14 @@ def test_one_gradient_off_fails(monkeypatch):
         a["k"].register_hook(lambda g: g * 1.001)                              # dk only
         return fn(**a)
     wrap(monkeypatch, change)
-    row = C.run(tiny(decode=False), "cpu")
+    row = C.run(tiny(decode=False), DEV)
     assert row["status"] == "fail" and row["failed"] == ["dk"]
 
 
 def test_a_wrong_decode_step_fails(monkeypatch):
     real = step.linear_attn_step
     monkeypatch.setattr(step, "linear_attn_step", lambda *a, **kw: (lambda o, S: (o * 1.01, S))(*real(*a, **kw)))
-    row = C.run(tiny(), "cpu")
+    row = C.run(tiny(), DEV)
     assert row["status"] == "fail" and row["failed"] == ["decode.o"]
 
 
@@ -235,9 +237,9 @@ def test_a_wrong_decode_step_fails(monkeypatch):
 ])
 def test_a_broken_property_fails(monkeypatch, check, change):
     c = tiny(check=check, decode=False, B=2, T=20)
-    assert C.run(c, "cpu")["status"] == "pass"
+    assert C.run(c, DEV)["status"] == "pass"
     wrap(monkeypatch, change)
-    row = C.run(c, "cpu")
+    row = C.run(c, DEV)
     assert row["status"] == "fail", row
 
 
@@ -265,12 +267,12 @@ def test_chunk_options_are_what_the_api_accepts():
     assert (256, 128) not in matrix.chunk_options("gla")                    # sub-chunks up to 64
     for variant in matrix.VARIANTS:
         sizes = sorted({C for C, _ in matrix.chunk_options(variant)})
-        a = C.make(tiny(variant), "cpu")
+        a = C.make(tiny(variant), DEV)
         fn = getattr(lt, matrix.VARIANTS[variant][0])
         for bad in (sizes[0] // 2, sizes[-1] * 2, 48):                      # below, above, not 2^n
             with pytest.raises(InputError, match="chunk_size"):
                 fn(**a, chunk_size=bad)
-    a = C.make(tiny("gla"), "cpu")
+    a = C.make(tiny("gla"), DEV)
     for C_, c in ((64, 8), (64, 128)):
         with pytest.raises(InputError, match="sub_chunk_size"):
             lt.gla(**a, chunk_size=C_, sub_chunk_size=c)

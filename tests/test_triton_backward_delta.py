@@ -294,7 +294,8 @@ def test_no_second_derivative():
 def test_wide_blocks_that_do_not_fit_fall_back(monkeypatch):
     # a GPU with too little shared memory for the per-chunk kernel's 64-wide V-blocks (a T4 at
     # K = V = 128): common.launch refuses them with an InputError, and the backward launches the
-    # 32-wide ones instead, with the same gradients
+    # 32-wide ones instead, with the same gradients. bf16: natively float32 takes the 32-wide
+    # blocks anyway (delta_backward.chunk_block), so a float32 case would never try the wide ones
     from linattn.validate import InputError
     real, tried = delta_backward.launch, []
 
@@ -305,12 +306,12 @@ def test_wide_blocks_that_do_not_fit_fall_back(monkeypatch):
                 raise InputError("does not fit this GPU (simulated)")
         return real(kernel, grid, *args, **kw)
     monkeypatch.setattr(delta_backward, "launch", launch)
-    a = inputs("kda", "per_head", 1, 20, 1, 64, 64, torch.float32, seed=8)       # BK = 64: wide
+    a = inputs("kda", "per_head", 1, 20, 1, 64, 64, torch.bfloat16, seed=8)      # BK = 64: wide
     dO, dS = upstream(a)
     ref, _ = reference("kda", a, dO, dS)
     got, _ = ours("kda", a, dO, dS, chunk_size=16)
     assert tried == [64, 32]
-    assert_close(got, ref, GRAD_TOL[torch.float32])
+    assert_close(got, ref, GRAD_TOL[torch.bfloat16])
 
 
 def test_two_part_pass_that_does_not_fit_falls_back(monkeypatch):
