@@ -1040,8 +1040,10 @@ if budget is not None:
 #   its dtype — $U = (\mathcal{T}\,\mathrm{diag}\,\beta)\,V$, $W$, the score gradients against the
 #   keys — and the queries' scale multiplies $QS$ and $Q^\top dO$ after the product, so no product
 #   rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand;
-# * the forward's output step of the GLA family takes the same split for $(q\odot e^{b})\,S$ and,
-#   for fp16 inputs, for $A V$; per-head gates multiply $qS$ by $e^{b_t}$ after the product; and
+# * the forward's output step of the GLA family takes the same split for $(q\odot e^{b})\,S$ and for
+#   $A V$ (with per-dimension gates in both half dtypes, where strong gates spread $A$'s entries over
+#   many binades; linear attention and per-head gates in fp16 only); per-head gates multiply $qS$ by
+#   $e^{b_t}$ after the product; and
 #   KDA's reverse pass in bf16 takes the two gradients it carries from chunk to chunk, $dS$ and
 #   $d\tilde V$, as two bf16 parts each.
 #

@@ -385,11 +385,12 @@ def _block_av(q, qe, b, split, b_r, rows, rmask, k_base, v_base, gate_base, a_ba
             b_c = tl.load(gate_base + cols * s_gate, mask=cmask, other=0.0)                     # [BR]
             A = A * tl.exp(tl.minimum(b_r[:, None] - b_c[None, :], 0.0))
     A = tl.where(rows[:, None] >= cols[None, :], A, 0.0)   # a select, not a product: unwritten entries never leak
-    if COMPUTE == tl.float16:
-        # A is computed (float32) and v exact in fp16: two parts (`common.dot_input`), not A rounded
-        # to fp16 first. Emulated, fp16 o 2.94e-4 → 2.54e-4 (linear attention, K = V = 128); in bf16
-        # the two parts gained 3–4 % (linear attention, GLA) for 6 % more forward time (linear
-        # attention, H200, B·T = 32k, H = 16, K = V = 128), so bf16 keeps one product
+    if COMPUTE == tl.float16 or GATE == 2:
+        # A is computed (float32) and v exact in COMPUTE: two parts (`common.dot_input`), not A
+        # rounded first. Emulated, fp16 o 2.94e-4 → 2.54e-4 (linear attention, K = V = 128); GLA
+        # bf16 o 2.51e-3 → 1.66e-3 (strong gates, where A's entries span many binades). For linear
+        # attention and per-head gates in bf16 the two parts gained 3–4 % for 6 % more forward time
+        # (linear attention, H200, B·T = 32k, H = 16, K = V = 128), so they keep one product
         return dot_input(A, v, COMPUTE, IEEE)
     return dot(A.to(COMPUTE), v, IEEE)
 
