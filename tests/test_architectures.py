@@ -160,3 +160,37 @@ def test_launch_retries_when_a_remembered_stage_count_no_longer_fits():
     assert tried == [(1, 3), (2, 3), (2, 2)]
     assert common.launch(k, (1,), 2, max_stages=3, BV=96) == "compiled"      # now remembered: 2
     assert tried[-1] == (2, 2)
+
+
+def test_register_pass_goes_on_where_it_stopped(tmp_path):
+    """With --deep-log, each ptxas result is kept as it comes and not compiled again: a register pass
+    cut short (hours on a few cores) loses only the compilations in flight."""
+    log = tmp_path / "deep.jsonl"
+    script = f"""
+import json, sys
+sys.path[:0] = [{str(ROOT / "tools")!r}, {str(ROOT)!r}]
+import arch_check as ac
+configs = {{k: v for k, v in ac.capture(False).items() if v[0].fn.__name__ == "_step_kernel"}}
+deep = ac.representative(ac.group(configs))
+log = {str(log)!r}
+first = ac.check(deep, (75, 90), workers=1, log=log)
+lines = open(log).read().splitlines()
+open(log, "w").write("\\n".join(lines[:-1]) + "\\n")           # a cut run: its last result lost
+second = ac.check(deep, (75, 90), workers=1, log=log)
+after = open(log).read().splitlines()
+def compiled_again(i):
+    raise AssertionError("compiled again")
+ac._job = compiled_again                                       # the forked pool inherits it
+third = ac.check(deep, (75, 90), workers=1, log=log)
+def plain(rows):                                               # a result without its compile time
+    return [{{a: {{k: v for k, v in res.items() if k != "seconds"}} for a, res in row["archs"].items()}} for row in rows]
+print(json.dumps(dict(n=len(lines), after=len(after), same=plain(first) == plain(second) == plain(third),
+                      regs=[res.get("regs") for row in third for res in row["archs"].values()])))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["n"] >= 2 and out["after"] == out["n"]               # only the lost one compiled again
+    assert out["same"] and all(0 < r <= 255 for r in out["regs"]), out

@@ -2,6 +2,8 @@
 
     .venv/bin/python tools/arch_check.py                # the full matrix: book/data/architectures.json
     .venv/bin/python tools/arch_check.py --subset ci    # the representative subset CI compiles
+    .venv/bin/python tools/arch_check.py --deep-log F   # keep the register pass's results in F as they
+                                                        # come: a cut run, started again, goes on
 
 No GPU is needed. The launch configurations are not listed by hand: the real wrappers
 (linattn.triton.linear_attn, gla, delta_rule, kda, forward and backward, and the decode steps) run
@@ -479,21 +481,31 @@ def _job(i):
     return i, fit_stages(r, cc, depth)
 
 
-def check(configs: dict, archs=tuple(ARCHS), workers=None, progress=False, depth="cubin") -> list[dict]:
-    """Compile every configuration for every architecture, in a pool of forked workers."""
+def check(configs: dict, archs=tuple(ARCHS), workers=None, progress=False, depth="cubin",
+          log: Path | None = None) -> list[dict]:
+    """Compile every configuration for every architecture, in a pool of forked workers. With `log`
+    (a JSON-lines file), each result is appended as it comes and the results already there are not
+    compiled again: a pass cut short (the register pass takes hours on a few cores) goes on where it
+    stopped."""
     import multiprocessing as mp
 
     items = list(configs.values())
     _JOBS[:] = [(item[0], cc, depth) for item in items for cc in archs]
+    keys = [(r.fn.__name__, describe(r), cc, d) for r, cc, d in _JOBS]
+    done = _logged(log)
+    results = [done.get(k) for k in keys]
     # the heavy kernels first, so the pool does not end waiting on one of them
-    order = sorted(range(len(_JOBS)), key=lambda i: -_weight(_JOBS[i][0]))
-    results = [None] * len(_JOBS)
+    order = sorted((i for i, res in enumerate(results) if res is None), key=lambda i: -_weight(_JOBS[i][0]))
     workers = workers or os.cpu_count() or 1
     with mp.get_context("fork").Pool(workers) as pool:
         for n, (i, res) in enumerate(pool.imap_unordered(_job, order), 1):
             results[i] = res
+            if log:
+                with open(log, "a") as f:
+                    f.write(json.dumps(dict(zip(("kernel", "config", "cc", "depth"), keys[i]), result=res)) + "\n")
             if progress and n % 20 == 0:
-                print(f"  {n}/{len(_JOBS)} compiled", file=sys.stderr, flush=True)
+                print(f"  {n}/{len(order)} compiled ({len(_JOBS) - len(order)} from {log})" if log and
+                      len(order) < len(_JOBS) else f"  {n}/{len(_JOBS)} compiled", file=sys.stderr, flush=True)
     rows = []
     for j, (r, labels, variants, *family) in enumerate(items):
         per = {f"sm_{cc}": results[j * len(archs) + a] for a, cc in enumerate(archs)}
@@ -501,6 +513,19 @@ def check(configs: dict, archs=tuple(ARCHS), workers=None, progress=False, depth
                          max_stages=r.max_stages, example=labels[0], launches=variants,
                          family=family[0] if family else 1, archs=per))
     return rows
+
+
+def _logged(log: Path | None) -> dict:
+    """The results a log of `check` holds, by (kernel, config, cc, depth); a torn last line is left."""
+    done = {}
+    if log and Path(log).exists():
+        for line in Path(log).read_text().splitlines():
+            try:
+                x = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[(x["kernel"], x["config"], x["cc"], x["depth"])] = x["result"]
+    return done
 
 
 def _weight(r: Record) -> int:
@@ -607,6 +632,9 @@ def main(argv=None):
     ap.add_argument("--depth", choices=("shared", "cubin"), default="cubin",
                     help="shared: shared memory only; cubin: also registers and spills of the largest tiles")
     ap.add_argument("--deep-kernels", default="", help="with --depth cubin: only these kernels (comma-separated)")
+    ap.add_argument("--deep-log", type=Path, default=None,
+                    help="with --depth cubin: keep each ptxas result in this JSON-lines file as it comes, and "
+                         "take the ones already there (a cut register pass goes on where it stopped)")
     ap.add_argument("--rescore", type=Path, default=None,
                     help="recompute the table and problems of a written JSON file with the current rules")
     a = ap.parse_args(argv)
@@ -659,7 +687,8 @@ def main(argv=None):
     rows = check(todo, archs, a.workers, progress=True, depth="shared")
     write(rows, "shared memory")
     if deep:
-        full = {(row["kernel"], row["config"]): row for row in check(deep, archs, a.workers, progress=True)}
+        full = {(row["kernel"], row["config"]): row
+                for row in check(deep, archs, a.workers, progress=True, log=a.deep_log)}
         for row in rows:
             if (row["kernel"], row["config"]) in full:
                 row["archs"] = full.pop((row["kernel"], row["config"]))["archs"]
