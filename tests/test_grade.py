@@ -7,8 +7,9 @@ import torch
 
 import linattn
 from linattn import chunk, naive
-from linattn.grade import check, exercises, isolate, progress, progress_text, reference
+from linattn.grade import check, exercises, progress, progress_text, reference
 from linattn.grade.cli import main as cli
+from planted import fork_as_on_a_cpu  # noqa: F401  (autouse: these tests fork even beside a GPU)
 
 
 @pytest.fixture(autouse=True)
@@ -16,14 +17,6 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("LINATTN_HOME", str(tmp_path))
     yield tmp_path
     linattn.set_impl("linear_attn", "auto")
-
-
-@pytest.fixture(autouse=True)
-def fork_as_on_a_cpu(monkeypatch):
-    """These tests are about the grader's forked child itself, so they fork even where a GPU is
-    visible (which makes every check run in-process, isolate.fork_is_safe): the functions they
-    grade use neither CUDA nor autograd, the two things a forked child cannot use there."""
-    monkeypatch.setattr(isolate, "accelerators", lambda: 0)
 
 
 def verdict(fn, name="ch01.recurrent"):

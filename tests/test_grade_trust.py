@@ -19,6 +19,7 @@ import linattn
 from linattn import naive
 from linattn.grade import check, grading, isolate, progress, progress_text
 from linattn.grade.cli import main as cli
+from planted import fork_as_on_a_cpu  # noqa: F401  (autouse: these tests fork even beside a GPU)
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +28,6 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv("LINATTN_TIME_LIMIT", raising=False)
     yield tmp_path / "home"
     linattn.set_impl("linear_attn", "auto")
-
-
-@pytest.fixture(autouse=True)
-def fork_as_on_a_cpu(monkeypatch):
-    """These tests are about the grader's forked child itself, so they fork even where a GPU is
-    visible (which makes every check run in-process, isolate.fork_is_safe): the functions they
-    grade use neither CUDA nor autograd, the two things a forked child cannot use there."""
-    monkeypatch.setattr(isolate, "accelerators", lambda: 0)
 
 
 @pytest.fixture(params=["forked", "in-process"])

@@ -504,8 +504,9 @@ def check(configs: dict, archs=tuple(ARCHS), workers=None, progress=False, depth
                 with open(log, "a") as f:
                     f.write(json.dumps(dict(zip(("kernel", "config", "cc", "depth"), keys[i]), result=res)) + "\n")
             if progress and n % 20 == 0:
-                print(f"  {n}/{len(order)} compiled ({len(_JOBS) - len(order)} from {log})" if log and
-                      len(order) < len(_JOBS) else f"  {n}/{len(_JOBS)} compiled", file=sys.stderr, flush=True)
+                taken = len(_JOBS) - len(order)
+                print(f"  {n}/{len(order)} compiled" + (f" ({taken} more from {log})" if taken else ""),
+                      file=sys.stderr, flush=True)
     rows = []
     for j, (r, labels, variants, *family) in enumerate(items):
         per = {f"sm_{cc}": results[j * len(archs) + a] for a, cc in enumerate(archs)}

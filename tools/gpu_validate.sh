@@ -71,23 +71,17 @@ for log in os.environ["TESTS_RESUME"].split():
         m = re.match(r"\[gw\d+\] \[ *\d+%\] (PASSED|SKIPPED) (\S.*?)\s*$", line)
         if m:
             done.add(m.group(2))
-args = sys.argv[1:]
-args = args[2:] if args[:1] == ["--dist"] else args[1:] if args[0].startswith("--dist=") else args
+args = sys.argv[3:]                     # after --dist MODE
 out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *args],
                      capture_output=True, text=True).stdout
-left = []
-for i in (l.strip() for l in out.splitlines()):
-    if "::" in i and i not in done:
-        # a notebook's cells run in order in one kernel: a notebook not finished runs whole
-        i = i.split("::")[0] if i.startswith(("book/", "exercises/")) else i
-        left += [i] if i not in left else []
-print("\n".join(left))
+left = [i for i in (l.strip() for l in out.splitlines()) if "::" in i and i not in done]
+# a notebook's cells run in order in one kernel: a notebook not finished runs whole
+print("\n".join(dict.fromkeys(i.split("::")[0] if i.startswith(("book/", "exercises/")) else i for i in left)))
 PY
 )
     echo "resuming: ${#ids[@]} tests or notebooks not finished by ${TESTS_RESUME}" | tee -a "$OUT/pytest.log"
     [ "${#ids[@]}" -gt 0 ] || return 0
-    local dist=("$1"); [ "$1" = --dist ] && dist=("$1" "$2")
-    set -- "${dist[@]}" "${ids[@]}"
+    set -- "$1" "$2" "${ids[@]}"             # every call passes --dist MODE first
   fi
   timeout -s INT -k 30 "$left" python3 -m pytest -n "${JOBS:-14}" -p no:cacheprovider -vv -rfE --durations=10 "$@" 2>&1 \
     | tee -a "$OUT/pytest.log" | grep -E " (FAILED|ERROR) |passed|failed" | tail -40
