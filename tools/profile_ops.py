@@ -2,6 +2,7 @@
 
     python tools/profile_ops.py [--T 1024 32768] [--ops gla kda ...] [--calls 10] [--train]
                                 [--tuning MODULE.KEY=N ...] [--launch KERNEL.ARG=N ...]
+                                [--gates normal|logsigmoid|mamba] [--no-fla]
 
 For each op and T, runs each implementation `calls` times under torch.profiler after a warm-up
 and prints the mean GPU time per call of every kernel it launched, longest first. This is the
@@ -12,7 +13,8 @@ sets a launch choice of linattn.triton.MODULE.TUNING before the first call, e.g.
 another one. --launch overrides one keyword argument of every launch of a kernel made through
 `common.launch` (num_warps, max_stages or a block constexpr such as BV), e.g.
 `--launch _dqk_kernel.num_warps=8 _dqk_kernel.max_stages=3 _dv_kernel.num_warps=8`; a named kernel
-that never launches through it, or an argument it is not given, stops the run. Needs CUDA.
+that never launches through it, or an argument it is not given, stops the run. --gates picks the
+gated ops' log-gates (`bench.GATE_SWEEP`; a kernel's fast path may hold only for mild ones). Needs CUDA.
 """
 from __future__ import annotations
 
@@ -116,6 +118,9 @@ def main():
     p.add_argument("--train", action="store_true", help="forward + backward")
     p.add_argument("--tuning", nargs="+", default=[], metavar="MODULE.KEY=N")
     p.add_argument("--launch", nargs="+", default=[], metavar="KERNEL.ARG=N")
+    p.add_argument("--gates", choices=bench.GATE_SWEEP, default="normal",
+                   help="the gated ops' log-gate distribution (bench.GATE_SWEEP)")
+    p.add_argument("--no-fla", action="store_true", help="ours only (FLA's autotuning compiles for minutes)")
     a = p.parse_args()
     for item in a.tuning:
         set_tuning(item)
@@ -124,13 +129,13 @@ def main():
     install_launch_overrides()
     for T in a.T:
         for op in a.ops:
-            args = bench.anchor_inputs(op, T)
+            args = bench.anchor_inputs(op, T, gates=a.gates)
             if a.train:
-                fla = bench.fla_fn(op)
+                fla = None if a.no_fla else bench.fla_fn(op)
                 impls = {"ours": bench.train_call(level_fn(bench.OPS[op][0], "triton"), args),
                          "fla": None if fla is None else bench.train_call(fla, args)}
             else:
-                impls = {"ours": bench.library_call(op, "triton", args), "fla": bench.fla_call(op, args)}
+                impls = {"ours": bench.library_call(op, "triton", args), "fla": None if a.no_fla else bench.fla_call(op, args)}
             for name, fn in impls.items():
                 if fn is None:
                     continue
@@ -140,7 +145,7 @@ def main():
                     print(f"T={T} {op} {name}: {type(exc).__name__}: {exc}"[:300], flush=True)
                     continue
                 total = sum(t.values())
-                print(f"T={T} {op} {name}: {total:.3f} ms = " +
+                print(f"T={T} {op} {name} gates={a.gates}: {total:.3f} ms = " +
                       " + ".join(f"{k} {v:.3f}" for k, v in t.items() if v > 0.002), flush=True)
             del args
             torch.cuda.empty_cache()
