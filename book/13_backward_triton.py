@@ -999,13 +999,13 @@ show(wy.first_gate)
 # %% [markdown]
 # A picture of the pairs: each point is one variant × dtype × tensor, ours against FLA's on the same
 # cases. Below the diagonal ours is the more precise. Which pairs there are depends on where FLA
-# ran: FLA 0.6.0 refuses some of its backward passes on this toolchain (Gated DeltaNet's, and
-# DeltaNet's in float32; the table's "FLA refused" counts), and its autotuned kernels compile for
-# minutes per shape, so the recorded run put it beside ours on DeltaNet's and KDA's bf16 and fp16
-# cases, and on GLA's shortest sequences (up to 16 tokens, bf16 and fp16); `tools/conformance.py
-# --no-fla` leaves it out. No float32 pair is recorded: in float32 FLA multiplies tiles as tf32
-# (10 mantissa bits) and ours as three tf32 products or exactly, which says more about that choice
-# than about either method.
+# ran: FLA 0.6.0 refuses some of its backward passes on this toolchain (Gated DeltaNet's, per-head
+# GLA's, and DeltaNet's in float32), and its autotuned kernels compile for minutes per class of
+# shapes, so the recorded runs put it beside ours on the bf16 and fp16 cases of the matrix's core
+# shape ($K = V = 128$, every length and gate strength) for DeltaNet, KDA, GLA and linear attention;
+# `tools/conformance.py --no-fla` leaves it out. No float32 pair is recorded: in float32 FLA
+# multiplies tiles as tf32 (10 mantissa bits) and ours as three tf32 products or exactly, which says
+# more about that choice than about either method.
 
 # %%
 if budget is not None:
@@ -1026,8 +1026,8 @@ if budget is not None:
 # %% [markdown]
 # A point more than 5 % above the diagonal would be a row of the last table: the budget is what the
 # library measured, not what it hoped, and `docs/native_correctness.md` keeps what is open. Points
-# on the diagonal to a few digits are cases where both libraries compute the same roundings (GLA's
-# shortest sequences, where a chunk holds every token). Five rules keep the points on or below it,
+# on the diagonal to a few digits are tensors both libraries compute with the same roundings (linear
+# attention's output and final state, GLA's final state). Five rules keep the points on or below it,
 # each found by comparing with FLA on these cases:
 #
 # * the backward keeps GLA's chunk states $h$ and their gradients $D$ in float32: the gate gradient
@@ -1041,8 +1041,10 @@ if budget is not None:
 #   $P$'s tf32 part and its remainder (`common.dot_split`);
 # * in the delta rules the same split takes every computed float32 tile that meets an input exact in
 #   its dtype — $U = (\mathcal{T}\,\mathrm{diag}\,\beta)\,V$, $W$, the score gradients against the
-#   keys — and the queries' scale multiplies $QS$ and $Q^\top dO$ after the product, so no product
-#   rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand;
+#   keys — as do linear attention's and per-head GLA's intra-chunk $dq = dA\,K$ and
+#   $dk = dA^\top Q$ (with $dA$ rounded to bf16 first, linear attention's $dk$ on a single token
+#   was 1.4× FLA's error), and the queries' scale multiplies $QS$ and $Q^\top dO$ after the
+#   product, so no product rounds $\text{scale}\cdot q$ or $\beta v$ into a half-precision operand;
 # * the forward's output step of the GLA family takes the same split for $(q\odot e^{b})\,S$ and for
 #   $A V$ (with per-dimension gates in both half dtypes, where strong gates spread $A$'s entries over
 #   many binades; linear attention and per-head gates in fp16 only); per-head gates multiply $qS$ by

@@ -27,6 +27,10 @@ library that a bound below needs (each bound was seen to fail with its rule take
 - bf16 GLA with strong gates (the inputs of conformance case gla-length-039), whose intra-chunk
   matrix A spans many binades: A against v in two parts (triton/gated.py). With A rounded to bf16
   first, o comes out 2.51e-3 instead of 1.66e-3.
+- bf16 linear attention on a single token (the inputs of conformance case linear_attn-extra-157),
+  where the intra-chunk part is the whole of dq and dk: dA against the keys and queries in two
+  parts (`gated_backward._intra_grad_kernel`). With dA rounded to bf16 first, dk comes out 2.88e-3
+  instead of 1.65e-3 (FLA's 2.01e-3).
 The plain interpreter computes the same cases with float32 tiles: the float32 results (final
 state, d initial state, dg, dβ) are then below 1.5e-6 from float64, so an emulation that silently
 fell back to float32 tiles fails `test_half_roundings_are_modelled`. How close the emulation comes
@@ -65,11 +69,14 @@ CASES_BF16 = {
     # GLA with strong gates (conformance case gla-length-039): A's entries span many binades
     "gla_strong": dict(CASE, id="emulated-gla-strong", variant="gla", dtype="bfloat16", B=2, T=15, H=3,
                        K=128, V=128, strength="strong", h0=True, sub_chunk_size=16, seed=39),
+    # linear attention on one token (conformance case linear_attn-extra-157): dq, dk are intra-chunk alone
+    "linear_attn_t1": dict(CASE, id="emulated-linear_attn-t1", variant="linear_attn", dtype="bfloat16", T=1,
+                           H=3, K=128, V=128, strength=None, h0=True, seed=157),
 }
 # Results in float32 whatever the input dtype: under float32 tiles their errors are float32's
 FLOAT32_RESULTS = {"delta_rule": ("S", "dh0"), "kda": ("dg", "dbeta"), "delta_rule_t2": ("S",), "gla": ("S",),
                    "linear_attn": (), "simple_gla": ("S",),  # linear attention: S is float32-exact
-                   "kda_weak": ("dbeta", "dh0"), "gla_strong": ()}
+                   "kda_weak": ("dbeta", "dh0"), "gla_strong": (), "linear_attn_t1": ()}
 HALF_LEVEL = 5e-5            # emulated: 1.5e-4 and up; float32 tiles: below 1.5e-6
 BOUNDS = {                   # emulated as the code is / without the rule (module doc)
     "delta_rule": {"dh0": 2.2e-4,      # 1.53e-4 / 2.73e-4
@@ -82,6 +89,7 @@ BOUNDS = {                   # emulated as the code is / without the rule (modul
     "kda_weak": {"dh0": 2.35e-3,       # 2.18e-3 / 2.53e-3
                  "dv": 3.45e-3},       # 3.22e-3 / 3.65e-3
     "gla_strong": {"o": 2.0e-3},       # 1.66e-3 / 2.51e-3 (A against v in two parts)
+    "linear_attn_t1": {"dk": 2.2e-3},  # 1.65e-3 / 2.88e-3 (dA against q in two parts)
 }
 
 
@@ -161,7 +169,9 @@ def test_precision_bounds(emulated):
     products for the split score products of fp16 inputs (wy_backward.split_x3); GLA and linear
     attention: the output step's two-part products (triton/gated.py); DeltaNet bf16 at
     T = 2: the score gradients as two parts against the keys (wy_backward.mm_input); KDA bf16: the
-    reverse pass's state gradients as two parts (delta_backward.two_part_state_grads)."""
+    reverse pass's state gradients as two parts (delta_backward.two_part_state_grads); linear
+    attention bf16 on one token: dA against the keys and queries in two parts
+    (gated_backward._intra_grad_kernel)."""
     assert set(emulated["errs"]) == set(CASES if emulated["half"] == "fp16" else CASES_BF16)
     for op, errs in emulated["errs"].items():
         for name, bound in BOUNDS[op].items():
