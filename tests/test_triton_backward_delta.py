@@ -142,6 +142,25 @@ def test_split_bound(per_token, dtype):
     assert_close(got, ref, GRAD_TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [64, 32])
+def test_block_references_past_the_chunk_bound(monkeypatch, chunk, dtype):
+    # log-gates from −2.5 to −1 per token, as a model's gates start (testing.log_gates "mamba"): a
+    # chunk decays past the split's bound, each 16-row block by less, so the gate kernel's score
+    # terms take the block references (`_block_terms`); under the interpreter the column walk is
+    # made to fail, so a chunk that went there would fail the test
+    a = inputs("kda", "per_dim", 1, 150, 2, 32, 32, dtype)
+    a["g"] = -1.0 - 1.5 * torch.rand(a["g"].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
+    if not GPU:
+        def walk(*args, **kw):
+            raise AssertionError("the column walk ran")
+        monkeypatch.setattr(wy_backward, "_columns", walk)
+    dO, dS = upstream(a)
+    ref, _ = reference("kda", a, dO, dS)
+    got, _ = ours("kda", a, dO, dS, chunk_size=chunk)
+    assert_close(got, ref, GRAD_TOL[dtype])
+
+
 @pytest.mark.parametrize("op, gate", [("delta_rule", None), ("kda", "per_dim")])
 def test_recompute_or_keep(op, gate):
     # recompute=False hands the forward's stage-1/2 tensors to the backward; the kernels are the

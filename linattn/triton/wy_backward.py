@@ -21,11 +21,15 @@ The score terms Σ_j M_ij E_ij k_j (rows) and Σ_i M_ij E_ij q_i (columns) for a
   E_ijd = e^{G_id} · e^{−G_jd} with both factors in range, so each sum is one tensor-core product:
   Σ_j M_ij E_ij k_j = e^{G_i} ⊙ (M (K ⊙ e^{−G}))_i and Σ_i M_ij E_ij q_i = e^{−G_j} ⊙ (Mᵀ (Q ⊙ e^G))_j
   (`_split_terms`; float32 operands, tf32 products for bf16/fp16 inputs: `common.split_dtype`).
-  Past the bound (log-gates of −20 per token) a factor would overflow, and `_columns` keeps every
-  exponent ≤ 0: the row sums walk the columns j = C−1 … 0 and keep the column E_{·j} for all rows
-  (from j + 1 to j it multiplies by e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's
-  `_diag_walk`, for the whole chunk); the column sums walk the rows the same way, each row adding
-  a rank-one tile. O(C² K) work on the FMA units per chunk: correct for any gates, and much slower.
+  Past the bound a factor would overflow. Where each 16-row block of the chunk still decays by less
+  (the gates models start from: KDA's own initialisation decays a 64-token chunk by e^−74 to
+  e^−246), `_block_terms` moves the split's reference point to each block: per block four
+  [C, 16] × [16, BK] tensor-core products, the factors outside them ≤ 1. Past that too (log-gates
+  of −20 per token) `_columns` keeps every exponent ≤ 0: the row sums walk the columns
+  j = C−1 … 0 and keep the column E_{·j} for all rows (from j + 1 to j it multiplies by
+  e^{g_{j+1}} ≤ 1, no prefix sums subtracted: the forward's `_diag_walk`, for the whole chunk); the
+  column sums walk the rows the same way, each row adding a rank-one tile. O(C² K) work on the FMA
+  units per chunk: correct for any gates, and much slower.
 
 One program per (K-block, chunk, head): everything is independent across key dimensions except
 the sums over d in dβ (and dg of a per-head gate), which each K-block writes as a partial row that
@@ -80,6 +84,7 @@ def mm_input(a, b, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
 # 1.32 against 1.88 ms, KDA 2.37 against 3.91 ms. So 4 warps for DeltaNet in bf16/fp16, 8 otherwise
 # (float32's tf32x3 products untimed).
 BK_GATES = 64
+BLOCK = tl.constexpr(16)   # rows per block of `_block_terms`
 TUNING = dict(warps=8, warps_no_gate=4)
 
 
@@ -186,6 +191,9 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
             Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
             Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, SX3, RND)
+        elif _block_decay(gt, jc, C) < DIAG_DOT_RANGE:                             # split per 16 rows
+            Z, Zt, X, Y = _block_terms(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
+                                       daqk + r0 * C, gt, gsh, scale, n, T, H, K, C, BK, dk_, SDT, IEEE, SX3, RND)
         else:
             Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
                                    daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
@@ -243,6 +251,71 @@ def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X
     X = eG * mm(Ma, Ki, SDT, IEEE, X3, RND)
     Zt = einv * mm(tl.trans(Mq), qt * eG, SDT, IEEE, X3, RND)
     Y = einv * mm(tl.trans(Ma * bt[:, None]), kt * eG, SDT, IEEE, X3, RND)
+    return Z, Zt, X, Y
+
+
+@triton.jit
+def _block_decay(gt, jc, C: tl.constexpr):
+    """The largest decay exponent −Σ g over one 16-row block of the chunk, in any key dim of the program."""
+    worst = 0.0
+    for J in tl.static_range(C // BLOCK):
+        s = tl.sum(tl.where(((jc >= J * BLOCK) & (jc < J * BLOCK + BLOCK))[:, None], gt, 0.0), axis=0)
+        worst = tl.maximum(worst, tl.max(-s, axis=0))
+    return worst
+
+
+@triton.jit
+def _block_terms(q, k, g, beta, da, daqk, gt, gsh, scale, n, T, H, K: tl.constexpr, C: tl.constexpr,
+                 BK: tl.constexpr, dk_, SDT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr,
+                 RND: tl.constexpr):
+    """The four score terms of a chunk that decays past the split's bound while each of its 16-row
+    blocks decays by less (the gates models start from: KDA's own initialisation decays a chunk by
+    e^−74 to e^−246). The split's reference point moves from the chunk start to the block: for the
+    column block J (tokens b+1 … e, b the token before it, e its last),
+        Z_i  += e^{G_i − G_b} ⊙ Σ_{j∈J} Mq_ij (k_j ⊙ e^{G_b − G_j}),   i ≥ j: the first factor ≤ 1,
+        Zt_j += e^{G_e − G_j} ⊙ Σ_{i∈J} Mq_ij (q_i ⊙ e^{G_i − G_e}),   j ≤ i: the first factor ≤ 1,
+    and X, Y alike from dA (β on Y's rows). The operands' factors are ≥ 1 but at most e^{−Σ_J g},
+    below e^{DIAG_DOT_RANGE}. Every exponent is a sum of the gates between its two tokens (masked
+    prefix and suffix sums of gt and gsh, g shifted up one row), never a difference of two sums
+    from the chunk start: those reach −250 here, and their float32 rounding cost the gate gradient
+    two digits. Rows (columns) a block's scores do not reach are zero in M, with a factor of 1. Per
+    block, four [C, 16] × [16, BK] products with operands in SDT, as `_split_terms`. q, k, g, beta,
+    da, daqk point at the chunk's row 0; gt, gsh: [C, BK]."""
+    jc = tl.arange(0, C)
+    c16 = tl.arange(0, BLOCK)
+    tm = n * C + jc < T
+    Z = tl.zeros((C, BK), dtype=tl.float32)
+    Zt = tl.zeros((C, BK), dtype=tl.float32)
+    X = tl.zeros((C, BK), dtype=tl.float32)
+    Y = tl.zeros((C, BK), dtype=tl.float32)
+    for J in tl.static_range(C // BLOCK):
+        rj = J * BLOCK + c16                                                      # the block's rows [16]
+        live = (n * C + rj < T)
+        mb = live[:, None] & (dk_[None, :] < K)
+        at = (rj * H)[:, None] * K + dk_[None, :]
+        kb = tl.load(k + at, mask=mb, other=0.0).to(tl.float32)                    # [16, BK]
+        qb = tl.load(q + at, mask=mb, other=0.0).to(tl.float32)
+        bb = tl.load(beta + rj * H, mask=live, other=0.0).to(tl.float32)           # [16]
+        gl = tl.cumsum(gate_floor(tl.load(g + at, mask=mb, other=0.0)), axis=0)   # G_j − G_b
+        nx = live & (n * C + rj + 1 < T) & (c16 < BLOCK - 1)
+        gs = gate_floor(tl.load(g + at + H * K, mask=nx[:, None] & (dk_[None, :] < K), other=0.0))
+        gr = tl.cumsum(gs, axis=0, reverse=True)                                  # G_e − G_i
+        # the scores' columns in block J ([C, 16], rows i ≥ j) and its rows, transposed ([C, 16], j ≤ i)
+        col = (jc * H * C)[:, None] + rj[None, :]
+        row = (rj * H * C)[None, :] + jc[:, None]
+        Mq_c = tl.load(daqk + col, mask=tm[:, None] & (jc[:, None] >= rj[None, :]), other=0.0) * scale
+        Ma_c = tl.load(da + col, mask=tm[:, None] & (jc[:, None] > rj[None, :]), other=0.0)
+        Mq_r = tl.load(daqk + row, mask=live[None, :] & (jc[:, None] <= rj[None, :]), other=0.0) * scale
+        Ma_r = tl.load(da + row, mask=live[None, :] & (jc[:, None] < rj[None, :]), other=0.0) * bb[None, :]
+        up = tl.exp(tl.cumsum(tl.where(jc[:, None] >= J * BLOCK, gt, 0.0), axis=0))            # e^{G_i − G_b}
+        down = tl.exp(tl.cumsum(tl.where(jc[:, None] < J * BLOCK + BLOCK - 1, gsh, 0.0), axis=0,
+                                reverse=True))                                                 # e^{G_e − G_j}
+        kin = kb * tl.exp(-gl)                                                    # k_j e^{G_b − G_j}
+        Z += up * mm(Mq_c, kin, SDT, IEEE, X3, RND)
+        X += up * mm(Ma_c, kin, SDT, IEEE, X3, RND)
+        out = tl.exp(-gr)                                                         # e^{G_i − G_e} ≥ 1
+        Zt += down * mm(Mq_r, qb * out, SDT, IEEE, X3, RND)
+        Y += down * mm(Ma_r, kb * out, SDT, IEEE, X3, RND)
     return Z, Zt, X, Y
 
 
