@@ -118,8 +118,9 @@ print("a chapter asking pick(cpu=256, gpu=8192) gets T =", T)
 #   runs the library's own wrappers (every operation, forward, backward and decode step, every head
 #   dimension, dtype and chunk size) with a launch that records what would run instead of running
 #   it, compiles each recorded kernel configuration with Triton for each architecture, and compares
-#   its shared memory with that GPU's limit per block. CI does the same for the largest tiles of
-#   every kernel (`tests/test_architectures.py`). The T4, A100, L4 and RTX cards are compiled for,
+#   its shared memory with that GPU's limit per block; the largest tiles of every kernel also go
+#   through NVIDIA's assembler (ptxas) for their registers and spills. CI does the same for the
+#   largest tiles of every kernel (`tests/test_architectures.py`). The T4, A100, L4 and RTX cards are compiled for,
 #   not run on: no numerical result of this book comes from them.
 #
 # A kernel whose software pipeline (several stages of tiles in flight) needs more shared memory
@@ -147,6 +148,13 @@ else:
         most = max(r["shared"] for r in rows if r["fits"]) / 1024
         print(f"{name}, {lim['gpus']}, {lim['shared_bytes'] // 1024} KB per block: {fit} fit (using up to "
               f"{most:.0f} KB), {fallback} fall back to another mode, {refused} refused with an InputError")
+    for name in arch["limits"]:
+        deep = [(row["archs"][name]["spill"], kernel) for kernel, row in arch["table"].items()
+                if row["archs"][name].get("regs") is not None]
+        if deep:   # registers: at most 255 per thread and 8 warps, within every SM's 64K; past that ptxas spills
+            most, worst = max(deep)
+            print(f"{name} through ptxas: {len(deep)} kernels' largest tiles, {sum(s > 0 for s, _ in deep)} spill "
+                  f"registers to local memory (ptxas counts up to {most / 1024:.0f} KB of spill stores, {worst})")
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         print(f"this GPU is sm_{major}{minor}:",
