@@ -135,7 +135,8 @@ def main():
                 impls = {"ours": bench.train_call(level_fn(bench.OPS[op][0], "triton"), args),
                          "fla": None if fla is None else bench.train_call(fla, args)}
             else:
-                impls = {"ours": bench.library_call(op, "triton", args), "fla": None if a.no_fla else bench.fla_call(op, args)}
+                impls = {"ours": bench.library_call(op, "triton", args),
+                         "fla": None if a.no_fla else bench.fla_call(op, args)}
             for name, fn in impls.items():
                 if fn is None:
                     continue

@@ -61,8 +61,8 @@ import triton.language as tl
 
 from .. import outputs
 from ..validate import InputError, first_order
-from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_input, dot_split, gate_floor, kernel, launch,
-                     operand, stage, warps)
+from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_input, dot_split, gate_floor,
+                     kernel, launch, operand, stage, warps)
 from . import gated
 from .gated import (DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK, _gate_row, _packed_chunk, _packed_seq,
                     packed_args, row_chunks)
