@@ -527,8 +527,8 @@ if rows:
 # 5. **KDA split at the chunk start, checked per chunk** (section 2, the kernels this chapter
 #    runs): where the chunk's gates decay by less than 60, its scores are the factorised form,
 #    computed as design 4 computes Gated DeltaNet's, with $W$ and the decays in the same program;
-#    the rare chunks past the bound are redone by the exact kernel, which returns at once for
-#    the others. This cuts KDA's stage 1 to well under half of design 4's. Putting every chunk
+#    the chunks past the bound (few with mild gates, most with KDA's own initialisation: the
+#    measurement above) are redone by the exact kernel, which returns at once for the others. This cuts KDA's stage 1 to well under half of design 4's. Putting every chunk
 #    through the exact kernel's 16-row decays in one program instead (no flag) is slower than
 #    design 4: its per-pair decays and diagonal-block products spill registers.
 #

@@ -844,9 +844,15 @@ show(delta_backward._dchunk_kernel)
 # chunk, $\sum_j dA_{ij}\,e^{b_i - b_j} \odot k_j$ (and the same with $\text{scale}\,dA_{qk}$ in place
 # of $dA$) and their transposes, take the forward's split (chapter 11): where the chunk's gates
 # decay by less than $e^{60}$ in every key dimension of the program, $e^{b_i - b_j} = e^{b_i}\cdot e^{-b_j}$
-# and each sum is one tensor-core product; past the bound every exponent stays $\le 0$ and the
-# decay tiles are built one gate factor at a time (`_columns`). Its gate gradient is chunk-local,
-# like GLA's:
+# and each sum is one tensor-core product. Past the bound the split's reference point moves from
+# the chunk start to each 16-row block (`_block_terms`: for the column block $J$ starting after
+# token $p$, $e^{b_i - b_j} = e^{b_i - b_p}\cdot e^{b_p - b_j}$, the first factor $\le 1$ outside
+# the product, the second at most the block's own decay inside it), which covers the gates KDA's
+# layer starts from (a chunk decays by up to $e^{250}$, a block by less than $e^{60}$); every
+# exponent is a sum of the gates between its two tokens, never a difference of two sums from the
+# chunk start, whose rounding near $-250$ cost $dg$ two digits in a first version. Past that too
+# (log-gates of $-20$ per token) every exponent stays $\le 0$ and the decay tiles are built one
+# gate factor at a time (`_columns`). Its gate gradient is chunk-local, like GLA's:
 
 # %%
 show(wy_backward._gate_kernel)
