@@ -62,12 +62,15 @@ def passes(op: str, T: int, size: dict):
     b = gated.gate_sums(g, 64)
     gate = gated_backward.gate_kind(g)
 
+    # one walk per sequence (segs=None): the launches swept are those of the uncut pass (segments.py
+    # decides separately whether to cut it)
     def recompute(config):
-        return gated.chunk_states(k, v, g, d, b=b, chunk_size=64, dtype=torch.float32, config=config)[0]
+        return gated.chunk_states(k, v, g, d, b=b, chunk_size=64, dtype=torch.float32, config=config,
+                                  segs=None)[0]
 
     def reverse(config):
         return gated_backward.reverse_pass(q, do, b, None, gate=gate, scale=d.scale, chunk_size=64,
-                                           dh_dtype=torch.float32, with_ds0=False, config=config)[0]
+                                           dh_dtype=torch.float32, with_ds0=False, config=config, segs=None)[0]
     ieee = compute_dtype(q.dtype) == tl.float32       # as gated_backward.backward decides it
     return (recompute, reverse), d, gate, ieee
 

@@ -40,7 +40,8 @@ Two ways to run the chunks (`mode`):
 - "states": a first kernel walks the chunks and writes the state before every chunk to memory
   (B·H·NT·K·V values, in the input dtype); a second kernel computes every chunk's output in
   parallel (B·H·NT·V/BV programs). More memory traffic, far more parallelism.
-"auto" picks by measurement (`choose_mode`). When the fused program's tiles do not fit the GPU's
+"auto" picks by measurement (`choose_mode`). A state pass whose walks leave most SMs idle (one long
+sequence, few heads) is cut into segments along the sequence (segments.py, `segment_plan`). When the fused program's tiles do not fit the GPU's
 shared memory (float32 at K = 128, or C = 256), the call runs as "states" instead; `ran["mode"]`
 says which mode the last call used.
 
@@ -71,6 +72,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import outputs
 from .. import packing
+from . import segments
 from ..support import check_triton
 from ..validate import InputError, check_inputs
 from .common import (MIN_TILE, SPLIT_RANGE, block, check_kernel_inputs, compute_dtype, contiguous, dot, dot_input, gate_floor,
@@ -106,6 +108,7 @@ class Packed:
     NT: int                        # chunks of the row, Σ_n ⌈T_n / C⌉
     C: int
     rows: int                      # ⌊ΣT_n / max T_n⌋ ≥ 1: rows of the longest sequence the tokens fill
+    lengths: tuple = ()            # T_n of every sequence (segments.py cuts the long ones)
 
 
 def packed(cu_seqlens, bounds, chunk_size: int) -> Packed:
@@ -122,7 +125,7 @@ def packed(cu_seqlens, bounds, chunk_size: int) -> Packed:
     indices = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(dev)
     rows = max(1, sum(lengths) // max(1, max(lengths, default=0)))
     return Packed(cu_seqlens, indices, torch.tensor(offsets, dtype=torch.int64, device=dev),
-                  len(counts), offsets[-1], chunk_size, rows)
+                  len(counts), offsets[-1], chunk_size, rows, tuple(lengths))
 
 
 def busy_rows(B: int, seqs=None) -> int:
@@ -195,7 +198,8 @@ def _local_cumsum_kernel(g, b, T, W, C: tl.constexpr, BW: tl.constexpr, cu_seqle
 def _state_step(S, k_base, v_base, gate_base, graw_base, t0, T, s_k, s_v, s_gate, offs_k, offs_v, K, V,
                 C: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr):
     """The state after the chunk starting at t0, from S (the state before it). S: [BK, BV] float32.
-    gate_base: the cumulated gates b (`local_cumsum`); graw_base: the raw log-gates g.
+    gate_base: the cumulated gates b (`local_cumsum`); graw_base: the raw log-gates g. Also returns
+    the chunk's log-decay b_last ([BK], a scalar per head, 0 ungated) for a pass cut into segments (segments.py).
 
     A key decays to the chunk end by e^{b_C − b_j}. For float32 inputs (IEEE) that difference is
     summed here as a suffix of the chunk's own gates instead: behind a reset the prefix sums reach
@@ -218,7 +222,8 @@ def _state_step(S, k_base, v_base, gate_base, graw_base, t0, T, s_k, s_v, s_gate
                                    mask=rmask[:, None] & kmask[None, :], other=0.0))  # [C, BK], 0 past T
             after = tl.cumsum(g, axis=0, reverse=True) - g                           # Σ_{i>j} g_i ≤ 0
             k = k * tl.exp(after)
-            S = S * tl.exp(tl.sum(g, axis=0))[:, None]       # the whole chunk's decay
+            b_last = tl.sum(g, axis=0)                       # the whole chunk's log-decay
+            S = S * tl.exp(b_last)[:, None]
         else:
             b = tl.load(gate_base + rows[:, None] * s_gate + offs_k[None, :],
                         mask=rmask[:, None] & kmask[None, :], other=0.0)             # [C, BK]
@@ -231,14 +236,17 @@ def _state_step(S, k_base, v_base, gate_base, graw_base, t0, T, s_k, s_v, s_gate
         if IEEE:
             g = gate_floor(tl.load(graw_base + rows * s_gate, mask=rmask, other=0.0))   # [C]
             k = k * tl.exp(tl.cumsum(g, axis=0, reverse=True) - g)[:, None]
-            S = S * tl.exp(tl.sum(g, axis=0))
+            b_last = tl.sum(g, axis=0)
+            S = S * tl.exp(b_last)
         else:
             # b_last reaches the dot operand through the key decay, so the loop stays pipelined.
             b = tl.load(gate_base + rows * s_gate, mask=rmask, other=0.0)            # [C]
             b_last = tl.load(gate_base + last * s_gate)                              # Σ of the chunk's gates
             k = (k * tl.exp(b_last - b)[:, None]).to(COMPUTE)  # key decayed to the chunk end (≤ 1)
             S = S * tl.exp(b_last)
-    return S + dot(tl.trans(k), v, IEEE)                                             # [BK, BV]
+    else:
+        b_last = 0.0
+    return S + dot(tl.trans(k), v, IEEE), b_last                                     # [BK, BV], log-decay
 
 
 @triton.jit
@@ -473,8 +481,11 @@ def _bases(q, k, v, gate, o, i_b, i_h, T, H, K, V, GATE: tl.constexpr):
 def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                    HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, cu_seqlens=None, chunk_offsets=None,
-                   VARLEN: tl.constexpr = False):
+                   VARLEN: tl.constexpr = False, decay=None, STORE_H: tl.constexpr = True,
+                   STORE_DECAY: tl.constexpr = False):
     # One program per (K-block, V-block, batch·head): walk the chunks, write the state before each.
+    # Step 1 of a pass cut into segments (segments.py) writes no states, only the final one and, with
+    # STORE_DECAY, the summed log-decay decay [N, H, K] (per dimension) or [N, H] (per head).
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hs, NT_h = i_bh, NT                                     # h's row i_hs of NT_h chunks
@@ -497,12 +508,26 @@ def _states_kernel(k, v, gate, graw, h, s0, sT, T, H, K, V, NT, C: tl.constexpr,
         S = tl.load(s0 + i_bh * K * V + s_offs, mask=smask, other=0.0)                      # [BK, BV]
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
+    if GATE == 2:
+        total = tl.zeros([BK], dtype=tl.float32)
+    else:
+        total = 0.0
     for n in range(NT):
-        tl.store(h + (i_hs * NT_h + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
-        S = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
-                        K, V, C, GATE, COMPUTE, IEEE)
+        if STORE_H:
+            tl.store(h + (i_hs * NT_h + n) * K * V + s_offs, S.to(h.dtype.element_ty), mask=smask)
+        S, b_last = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k,
+                                offs_v, K, V, C, GATE, COMPUTE, IEEE)
+        if STORE_DECAY:
+            total += b_last
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
+    if STORE_DECAY:
+        if i_v == 0:
+            if GATE == 2:
+                tl.store(decay + i_bh * K + offs_k, total, mask=offs_k < K)
+            else:
+                if i_k == 0:
+                    tl.store(decay + i_bh, total)
 
 
 @kernel
@@ -560,8 +585,9 @@ def _fused_kernel(q, k, v, gate, graw, a, o, s0, sT, T, H, K, V, NT, scale, C: t
         for r in tl.static_range(C // BR):
             _chunk_output(S, q_base, k_base, v_base, gate_base, a_base, o_base, n * C, r * BR, T, K, V, scale,
                           H * K, H * V, s_gate, H * C, offs_v, C, BR, BK, GATE, COMPUTE, IEEE, SPLIT, SDT)
-        S = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k, offs_v,
-                        K, V, C, GATE, COMPUTE, IEEE)
+        # (the log-decay is unused here; not `_`, which names an int32 above and a loop may not retype)
+        S, unused = _state_step(S, k_base, v_base, gate_base, graw_base, n * C, T, H * K, H * V, s_gate, offs_k,
+                                offs_v, K, V, C, GATE, COMPUTE, IEEE)
     if STORE_ST:
         tl.store(sT + i_bh * K * V + s_offs, S, mask=smask)
 
@@ -773,7 +799,8 @@ def intra_attention(q, k, g, d, C, c, *, b=None, skip_split=False, seqs=None):
     return A
 
 
-def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None, seqs=None, config=None):
+def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=None, seqs=None, config=None,
+                 segs="auto"):
     """The state before every chunk, h [B, H, NT, K, V], from k, v and log-gates g (None, [B,T,H]
     or [B,T,H,K]). The gates are summed first (`local_cumsum`: b) unless given.
 
@@ -787,6 +814,8 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
     [1, H, NT, K, V] over the row's NT chunks, s0 and sT [N, H, K, V].
     config: (BK, BV, pipeline stages, warps) of the launch; None: `state_config`'s with 4 warps (the
     backward, which writes float32 states, passes its own: `gated_backward.state_launches`).
+    segs: "auto" (`segment_plan`), None (one walk per sequence) or the `segments.Segments` to cut the
+    sequences into (segments.py: three launches instead of one walk).
     """
     B, T, H, K, V, C = d.B, d.T, d.H, d.K, d.V, chunk_size
     gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
@@ -799,15 +828,59 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
     IEEE = COMPUTE == tl.float32
     if dtype is None:
         dtype = torch.float32 if IEEE else k.dtype
-    h = outputs.empty((B, H, NT, K, V), dtype=dtype, device=k.device)
-    SK, SV, stages, nw = config or (*state_config(K, V, busy_rows(B, seqs) * H, gate), 4)   # all of h written below
-    last_launch["states"] = launch(
-        _states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H),
-        k, v, k if b is None else b, k if g is None else g, h, s0 if s0 is not None else k,
-        sT if sT is not None else k, T, H, K, V, NT, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE,
-        HAS_S0=s0 is not None, STORE_ST=sT is not None, num_warps=nw, max_stages=stages,
-        **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
+    h = outputs.empty((B, H, NT, K, V), dtype=dtype, device=k.device)   # all written below
+    SK, SV, stages, nw = config or (*state_config(K, V, busy_rows(B, seqs) * H, gate), 4)
+    if segs == "auto":
+        segs = segment_plan(B, T, C, H, K, V, (SK, SV), k.device, seqs, gate)
+        if segs is not None and config is None:     # many programs now: the launch chosen for them
+            SK, SV, stages, nw = *state_config(K, V, segs.S * H, gate), 4
+    args = (k, v, k if b is None else b, k if g is None else g, h)
+    kw = dict(C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE, num_warps=nw, max_stages=stages)
+    grid = (triton.cdiv(K, SK), triton.cdiv(V, SV))
+    if segs is None:
+        last_launch["states"] = launch(
+            _states_kernel, (*grid, N * H), *args, s0 if s0 is not None else k, sT if sT is not None else k,
+            T, H, K, V, NT, HAS_S0=s0 is not None, STORE_ST=sT is not None, **kw,
+            **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
+        return h, sT
+    # in segments (segments.py): 1. each segment from zero, 2. combine, 3. each from its start
+    s_in = segment_starts(k, v, g, b, d, segs, s0=s0, sT=sT, chunk_size=C, config=(SK, SV, stages, nw))
+    last_launch["states"] = launch(_states_kernel, (*grid, segs.S * H), *args, s_in, k, T, H, K, V, NT,
+                                   HAS_S0=True, STORE_ST=False, **kw,
+                                   **packed_args(segs, "cu_seqlens", "chunk_offsets"))
     return h, sT
+
+
+def segment_starts(k, v, g, b, d, segs, *, s0, sT, chunk_size, config=None):
+    """Steps 1 and 2 of a state pass cut into segments (segments.py): every segment's final
+    state from zero and its log-decay, then the state entering every segment, [S, H, K, V] float32
+    (s0: the sequences' initial states or None; fills sT with their final states when given)."""
+    H, K, V, C = d.H, d.K, d.V, chunk_size
+    gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
+    COMPUTE = compute_dtype(k.dtype)
+    SK, SV, stages, nw = config or (*state_config(K, V, segs.S * H, gate), 4)
+    F = outputs.empty((segs.S, H, K, V), dtype=torch.float32, device=k.device)
+    decay = segments.decays(segs, H, K, gate, k.device)
+    launch(_states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), segs.S * H), k, v, k if b is None else b,
+           k if g is None else g, k, k, F, d.T, H, K, V, 0, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE,
+           IEEE=COMPUTE == tl.float32, HAS_S0=False, STORE_ST=True, decay=decay, STORE_H=False,
+           STORE_DECAY=decay is not None, num_warps=nw, max_stages=stages,
+           **packed_args(segs, "cu_seqlens", "chunk_offsets"))
+    return segments.combine(F, decay, s0, sT, segs, gate=gate)
+
+
+# The shortest walk a state pass is cut into segments for (segments.length): with per-dimension gates
+# 256 chunks (GLA, H = 4, T = 16k tokens of a packed row: forward 0.58 → 0.46 ms, H200), else 1024
+# (linear attention and per-head GLA at H = 4 gained GPU time at 512 chunks and lost more in launches:
+# forward + backward 1.03 → 1.56 ms and 1.82 → 2.12; at 2048 chunks 3.71 → 2.42 and 7.06 → 3.55).
+SEGMENT_MIN_CHUNKS = {DIM_GATE: 256, HEAD_GATE: 1024, NO_GATE: 1024}
+
+
+def segment_plan(B, T, C, H, K, V, blocks, device, seqs=None, gate=NO_GATE):
+    """The segments a state pass of this call is cut into (segments.py), None for one walk per
+    sequence; blocks: the (BK, BV) of its launch in one walk, whose programs the rule counts."""
+    return segments.plan(B, T, C, H, triton.cdiv(K, blocks[0]) * triton.cdiv(V, blocks[1]), device, seqs,
+                         min_chunks=SEGMENT_MIN_CHUNKS[gate])
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,

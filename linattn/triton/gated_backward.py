@@ -10,7 +10,8 @@ and dA_tj = s · dO_t · v_j (j ≤ t):
     dq_t   = s · (dO_t hᵀ) ⊙ e^{b_t}        + Σ_{j ≤ t} dA_tj k_j ⊙ e^{b_t − b_j}
     dk_j   = (v_j Dᵀ) ⊙ e^{b_last − b_j}    + Σ_{t ≥ j} dA_tj q_t ⊙ e^{b_t − b_j}
     dv_j   = (k_j ⊙ e^{b_last − b_j}) D     + s · Σ_{t ≥ j} A_tj dO_t
-Only the reverse pass walks the chunks in order; everything else is parallel over chunks.
+Only the reverse pass walks the chunks in order (cut into segments where its walks leave most SMs
+idle: segments.py); everything else is parallel over chunks.
 
 The gate gradient has a closed form, taken chunk by chunk as linattn.chunk takes it. Inside chunk
 n, q and k enter only through q_t ⊙ e^{b_t} and k_t ⊙ e^{−b_t}, the state after the chunk through
@@ -63,7 +64,7 @@ from .. import outputs
 from ..validate import InputError, first_order
 from .common import (block, compute_dtype, contiguous, decayed_dtype, dot, dot_input, dot_split, gate_floor,
                      kernel, launch, operand, stage, warps)
-from . import gated
+from . import gated, segments
 from .gated import (DIM_GATE, HEAD_GATE, NO_GATE, ROW_BLOCK, STATE_BLOCK, _gate_row, _packed_chunk, _packed_seq,
                     packed_args, row_chunks)
 
@@ -102,9 +103,12 @@ def _load_b_last(b_base, t0, T, s_b, offs_k, kmask, C: tl.constexpr, GATE: tl.co
 def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, GATE: tl.constexpr, COMPUTE: tl.constexpr, IEEE: tl.constexpr,
                     QDT: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr, cu_seqlens=None,
-                    chunk_offsets=None, VARLEN: tl.constexpr = False):
+                    chunk_offsets=None, VARLEN: tl.constexpr = False, decay=None, STORE_DH: tl.constexpr = True,
+                    STORE_DECAY: tl.constexpr = False):
     # One program per (K-block, V-block, batch·head) walks the chunks from last to first:
     # dh[n] = D, the gradient of the state after chunk n; then D ← diag(e^{b_last}) D + s (Q ⊙ e^b)ᵀ dO.
+    # Step 1 of a pass cut into segments (segments.py) writes no dh, only ds0 and, with STORE_DECAY, the summed
+    # log-decay decay [N, H, K] (per dimension) or [N, H] (per head).
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hs, NT_h = i_bh, NT                                     # dh's row i_hs of NT_h chunks
@@ -133,9 +137,14 @@ def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constex
         D = tl.load(dsT + i_bh * K * V + s_offs, mask=smask, other=0.0).to(tl.float32)        # [BK, BV]
     else:
         D = tl.zeros([BK, BV], dtype=tl.float32)
+    if GATE == 2:
+        total = tl.zeros([BK], dtype=tl.float32)
+    else:
+        total = 0.0
     for u in range(NT):
         n = NT - 1 - u
-        tl.store(dh + (i_hs * NT_h + n) * K * V + s_offs, D.to(dh.dtype.element_ty), mask=smask)
+        if STORE_DH:
+            tl.store(dh + (i_hs * NT_h + n) * K * V + s_offs, D.to(dh.dtype.element_ty), mask=smask)
         rows = n * C + tl.arange(0, C)
         rmask = rows < T
         q_n = tl.load(q_base + rows[:, None] * H * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
@@ -151,9 +160,18 @@ def _dstates_kernel(q, do, b, dh, dsT, ds0, T, H, K, V, NT, scale, C: tl.constex
             else:
                 q_n = q_n * tl.exp(b_n)[:, None]
                 D = D * tl.exp(b_last)
+            if STORE_DECAY:
+                total += b_last
         D += scale * dot(tl.trans(operand(q_n, QDT, IEEE)), do_n.to(QDT), IEEE)                # [BK, BV]
     if STORE_DS0:
         tl.store(ds0 + i_bh * K * V + s_offs, D, mask=smask)
+    if STORE_DECAY:
+        if i_v == 0:
+            if GATE == 2:
+                tl.store(decay + i_bh * K + offs_k, total, mask=kmask)
+            else:
+                if i_k == 0:
+                    tl.store(decay + i_bh, total)
 
 
 @kernel
@@ -588,14 +606,33 @@ def state_launches(K: int, V: int, BH: int, gate: int, ieee: bool, chunk_size: i
     return fit(*states), fit(*reverse)
 
 
-def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None, config=None):
+def sequential_launches(K, V, H, C, gate, ieee, B, T, device, seqs=None):
+    """((launch, segments) of the recomputed state pass, (launch, segments) of the reverse pass):
+    each pass is cut into segments where its launch in one walk has few programs (segments.py),
+    and then takes the launch timed for that many programs."""
+    rows = gated.busy_rows(B, seqs)
+    passes = []
+    for which in range(2):
+        config = state_launches(K, V, rows * H, gate, ieee, C)[which]
+        segs = gated.segment_plan(B, T, C, H, K, V, config[:2], device, seqs, gate)
+        if segs is not None:
+            config = state_launches(K, V, segs.S * H, gate, ieee, C)[which]
+        passes.append((config, segs))
+    return passes
+
+
+def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=True, seqs=None, config=None,
+                 segs="auto"):
     """Step 1 of `backward`, `_dstates_kernel` over every chunk from the last: dh [B, H, NT, K, V]
     (dh_dtype; the gradient of the state after each chunk) and ds0 [B, H, K, V] float32 (None unless
     with_ds0). b: the chunk-local gate sums (None without gates); dsT: the final state's gradient
     (None: zeros). The grader of workbook 13 launches the library's pass through this too.
     config: (BK, BV, pipeline stages, warps); None: 64×64 blocks, 3 stages, 4 warps.
     seqs (`gated.Packed`): one program per (sequence, head, block); dh [1, H, NT, K, V] over the
-    row's chunks, dsT and ds0 [N, H, K, V]."""
+    row's chunks, dsT and ds0 [N, H, K, V].
+    segs: "auto" (`gated.segment_plan`), None, or the `segments.Segments` to cut the sequences into
+    (segments.py: each segment from a zero gradient at its end, the segments combined from the last,
+    each segment again from the gradient at its own end)."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     N = B if seqs is None else seqs.N
@@ -606,12 +643,28 @@ def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=T
     ds0 = outputs.empty((N, H, K, V), dtype=torch.float32, device=q.device) if with_ds0 else None
     dsT = None if dsT is None else dsT.to(torch.float32).contiguous()
     SK, SV, stages, nw = config or (min(block(K), STATE_BLOCK), min(block(V), STATE_BLOCK), 3, 4)
-    last_launch["dstates"] = launch(
-        _dstates_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), N * H), q, do, q if b is None else b, dh,
-        dsT if dsT is not None else q, ds0 if ds0 is not None else q, T, H, K, V, NT, scale,
-        C=chunk_size, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
-        QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, HAS_DST=dsT is not None,
-        STORE_DS0=with_ds0, num_warps=nw, max_stages=stages, **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
+    if segs == "auto":
+        segs = gated.segment_plan(B, T, chunk_size, H, K, V, (SK, SV), q.device, seqs, gate)
+    args = (q, do, q if b is None else b, dh)
+    kw = dict(C=chunk_size, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE, IEEE=COMPUTE == tl.float32,
+              QDT=decayed_dtype(q.dtype) if gate != NO_GATE else COMPUTE, num_warps=nw, max_stages=stages)
+    grid = (triton.cdiv(K, SK), triton.cdiv(V, SV))
+    if segs is None:
+        last_launch["dstates"] = launch(
+            _dstates_kernel, (*grid, N * H), *args, dsT if dsT is not None else q, ds0 if ds0 is not None else q,
+            T, H, K, V, NT, scale, HAS_DST=dsT is not None, STORE_DS0=with_ds0, **kw,
+            **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
+        return dh, ds0
+    # in segments (segments.py): each segment's gradient at its start from zero at its
+    # end, the segments combined from the last, then each segment from the gradient at its end
+    tables = packed_args(segs, "cu_seqlens", "chunk_offsets")
+    F = outputs.empty((segs.S, H, K, V), dtype=torch.float32, device=q.device)
+    decay = segments.decays(segs, H, K, gate, q.device)
+    launch(_dstates_kernel, (*grid, segs.S * H), *args, q, F, T, H, K, V, NT, scale, HAS_DST=False,
+           STORE_DS0=True, decay=decay, STORE_DH=False, STORE_DECAY=decay is not None, **kw, **tables)
+    d_in = segments.combine(F, decay, dsT, ds0, segs, gate=gate, reverse=True)
+    last_launch["dstates"] = launch(_dstates_kernel, (*grid, segs.S * H), *args, d_in, q, T, H, K, V, NT,
+                                    scale, HAS_DST=True, STORE_DS0=False, **kw, **tables)
     return dh, ds0
 
 
@@ -638,13 +691,13 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     if do is None:
         do = torch.zeros_like(v)
     s0f = None if s0 is None else s0.to(torch.float32).contiguous()
-    states_launch, reverse_launch = state_launches(K, V, gated.busy_rows(B, seqs) * H, gate, IEEE, C)
+    states_launch, reverse_launch = sequential_launches(K, V, H, C, gate, IEEE, B, T, dev, seqs)
     with stage(timer, "recompute states"):
         if b is None:
             b = gated.gate_sums(g, C, seqs)                            # b: [B, T, H(, K)] float32
         if h is None:
             h, _ = gated.chunk_states(k, v, g, d, b=b, s0=s0f, chunk_size=C, dtype=state_dtype(gate), seqs=seqs,
-                                      config=states_launch)
+                                      config=states_launch[0], segs=states_launch[1])
     common = dict(C=C, GATE=gate, COMPUTE=COMPUTE, IEEE=IEEE)
     bp = q if b is None else b                                          # an unused pointer without gates
 
@@ -652,7 +705,7 @@ def backward(do, dsT, q, k, v, g, s0, d, *, chunk_size, sub_chunk_size, h=None, 
     with stage(timer, "reverse pass dS"):
         dh, ds0 = reverse_pass(q, do, b, dsT, gate=gate, scale=d.scale, chunk_size=C,
                                dh_dtype=state_dtype(gate) or h.dtype, with_ds0=s0 is not None, seqs=seqs,
-                               config=reverse_launch)
+                               config=reverse_launch[0], segs=reverse_launch[1])
 
     # 2. dA = s · dO Vᵀ, lower triangle of every chunk
     BR = min(C, ROW_BLOCK)
