@@ -341,6 +341,99 @@ for splits in (1, 2, 4, 7):
     assert testing.rel_err(o_sm, o_ref) <= testing.tolerance(torch.float32)
 
 # %% [markdown]
+# ### The same cut inside the library's kernels
+#
+# For linear attention and GLA the chunk map is diagonal: $M_c = \operatorname{diag}(a_c)$ with
+# $a_c = e^{b_{\text{last}}}$ per key dimension (per head, or $1$ without a gate). Composing two maps
+# multiplies two vectors, so a stretch of $L$ chunks is summed up by its **log-decay**
+# $\sum_c \log a_c$ and its state from zero $F$, and no $K\times K$ matrix is ever formed. Chapter
+# 10's state pass (`gated._states_kernel`, one program per sequence, head and block walking all the
+# chunks) can therefore run in three launches (`linattn/triton/segments.py`):
+#
+# 1. every segment of $L$ chunks from a **zero** state, all at once: its $F_j$ and log-decay;
+# 2. `_combine_kernel` walks the segments, $S_j = a_{j-1} \odot S_{j-1} + F_{j-1}$ from the initial
+#    state — $N_T/L$ cheap steps instead of $N_T$ chunk steps;
+# 3. every segment again from its $S_j$, all at once, writing the state before each of its chunks.
+#
+# The critical path falls from $N_T$ chunk steps to about $2L + N_T/L$ (least at $L=\sqrt{N_T/2}$),
+# for twice the chunk steps in all. The backward's reverse pass over the state gradients is the same
+# map walked from the end. Segments reuse the packed-sequence tables of chapter 16: a segment is a
+# "sequence" with its own initial state. First the algebra through the real kernels (on a CPU under
+# Triton's interpreter, tiny), cut into segments of two chunks:
+
+# %%
+from linattn import triton as lt
+from linattn.triton import segments
+
+g_in = testing.make_inputs("gla", B=1, T=pick(cpu=96, gpu=4096), H=2, K=32, V=32, initial_state=True, seed=5)
+g_in = {n: x.to(linattn.device.default_device()) for n, x in g_in.items()}
+runs = {}
+for L in (0, 2):                                   # 0: one walk; 2: segments of two chunks
+    with segments.fixed(L):
+        runs[L] = lt.gla(**g_in, output_final_state=True, chunk_size=16, mode="states")
+o_ref, S_ref = chunk.gla(**{n: x.double() for n, x in g_in.items()}, output_final_state=True, chunk_size=16)
+for L, (o_, S_) in runs.items():
+    print(f"{'one walk' if L == 0 else f'segments of {L} chunks':22s} outputs {testing.rel_err(o_, o_ref):.1e}, "
+          f"final state {testing.rel_err(S_, S_ref):.1e} against float64")
+    assert testing.rel_err(o_, o_ref) <= testing.tolerance(torch.float32)
+print(f"segments against one walk: {testing.rel_err(runs[2][0], runs[0][0]):.1e} (float32 rounding order)")
+
+# %% [markdown]
+# Whether the cut pays is a measurement, not a theorem. It reads $k$ and $v$ twice and launches three
+# kernels for one. On an H200 a pass whose launch already gives more than half the SMs a program
+# runs near its memory bandwidth and gained nothing; with fewer programs the walk's latency is
+# what costs, and the cut took 10–60 % off the pass's GPU time. And every launch costs the host
+# about a tenth of a millisecond, so a short call that the host already limits got slower. The
+# rule (`segments.length`): cut a pass only where its walks give at most half the SMs a program and
+# are long — at least 1024 chunks, 256 with per-dimension gates, whose chunk step costs more
+# (`docs/performance.md` has the measurements behind it). The recorded run, one sequence ($B = 1$),
+# the default call beside the same call kept to one walk and beside flash-linear-attention:
+
+# %%
+from linattn import bench, bench_long
+
+rec = bench.recorded_run("long_sequence.json")
+print(bench_long.report(rec))
+print("\n" + rec["note"])
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+for ax, mode, title in zip(axes, ("forward", "train"), ("forward", "forward + backward")):
+    for op, color in (("linear_attn", "C0"), ("simple_gla", "C1"), ("gla", "C2")):
+        for H, style in ((4, "o-"), (16, "s--")):       # one colour per op: solid H = 4, dashed H = 16
+            rows_ = [r for r in rec["rows"] if r["op"] == op and r["mode"] == mode and r["H"] == H]
+            ax.plot([r["T"] for r in rows_], [r["one_walk"] / r["ours"] for r in rows_], style, color=color,
+                    label=f"{op}, H = {H}")
+    ax.axhline(1, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    Ts_ = rec["setting"]["Ts"]
+    ax.set_xticks(Ts_, [f"{t // 1024}k" for t in Ts_])
+    ax.set(xlabel="tokens in the one sequence T", title=title)
+axes[0].set_ylabel("one walk ÷ default (speed-up)")
+axes[1].legend(fontsize=7)
+fig.suptitle(f"B = 1, {rec['setting']['dtype']}, K = V = {rec['setting']['K']} — {bench.run_label(rec['env'])}",
+             fontsize=9)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Read the figure with the rule in mind (the numbers are the recorded run's):
+#
+# * **$H = 4$, 64k tokens and more** — few heads and one very long sequence, as in long-context
+#   training and prefill — is the regime the cut is for. GLA's forward ran 2.2–2.4× faster than one
+#   walk and its forward + backward 1.8×; per-head GLA 1.75–1.9× and 1.5–1.7×; linear attention's
+#   forward 1.35×. That put each forward ahead of flash-linear-attention's (0.46–0.73 of its time),
+#   where one walk was level with it or behind (GLA 1.14× its time).
+# * **$H = 16$**: the GPU already has its programs. Linear attention and per-head GLA's forward are
+#   left one walk (the same kernels in both columns); GLA's forward, whose per-dimension pass has
+#   64 programs, gains 4–7 %, and so do the per-head backward passes at 64k and more (6 %).
+# * **Noise where the host limits.** At $H = 4$ and 32k tokens linear attention and per-head GLA
+#   are one walk in both columns, yet their forward + backward read 0.67 and 0.84: at that size the
+#   call waits on Python launching kernels, and such wall times scatter from one timing to the next.
+#   Linear attention's forward + backward at 64k (0.89, its walks cut) may be the same scatter or a
+#   real cost of the extra launches; this run cannot tell them apart.
+#
+# The delta rule's maps are dense ($K\times K$), so its passes would need this section's matrix
+# scan, with more work per segment; the library does not cut them.
+
+# %% [markdown]
 # ## Summary
 #
 # * Every operation of the book is, per token and per chunk, an affine map $S' = MS + B$ — in block
@@ -351,7 +444,8 @@ for splits in (1, 2, 4, 7):
 #   states.
 # * Context parallelism: local maps from zero, `all_gather` of $(M_r, B_r)$, a fold, and an
 #   output correction that is linear in the entering state. SM parallelism: the same, batched on
-#   one device.
+#   one device; the library's linear attention and GLA cut their state passes that way, where a
+#   measurement says it pays.
 #
 # **Workbook:** `exercises/08_affine_scan.py` — composition, the prefix scan, and RWKV-7's
 # per-token maps (its diagonal-plus-low-rank transition in our convention), graded against a

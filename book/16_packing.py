@@ -575,7 +575,10 @@ plt.tight_layout(); plt.show()
 #   pass walks each sequence's chunks in order, so it lasts as long as the 16,384-token document's
 #   256 chunks while the equal rows walk 64 each, and while it runs most of the GPU's programs have
 #   finished their short documents. Cutting one long walk into pieces that run side by side is
-#   chapter 08's scan over chunk transitions; the library's kernels do not do it yet.
+#   chapter 08's scan over chunk transitions, and linear attention's and GLA's state passes do it
+#   (chapter 08, "The same cut inside the library's kernels") — but only where the walks leave most
+#   SMs idle. Here, at 16 heads, the row keeps more than half the SMs busy, so the cut measured no
+#   gain and the library keeps one walk (`docs/performance.md`).
 #
 # Against flash-linear-attention's packed path (its last printed line; a ratio below 1 means ours
 # is faster) the forwards are ahead or level. Forward + backward follows each operation's backward
