@@ -270,6 +270,47 @@ def timed(row: dict, key: str, make) -> None:
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
+def sized(sizes: dict, size: str | None = None) -> tuple:
+    """(size name, its settings, device) of a benchmark with `sizes` {"small": …, "full": …}: the
+    size linattn.device picks (a GPU: "full") unless one is named."""
+    from . import device as devices          # (this module's functions take a `device` argument)
+    size = size or devices.pick(cpu="small", gpu="full")
+    return size, sizes[size], devices.default_device()
+
+
+def selected_ops(only=None) -> list:
+    """The ops of OPS a benchmark runs: all, or those in `only`."""
+    return [o for o in OPS if not only or o in only]
+
+
+def measure_layout(row: dict, layout: str, make, warm_only: bool = False) -> None:
+    """One cell of a benchmark's table: `timed` for make (a function returning the no-argument call),
+    "FLA not installed" where make is None; warm_only runs the call once to compile it, timing nothing
+    (several processes can then compile in parallel before one process times)."""
+    if make is None:
+        row[layout], row["error_" + layout] = None, "FLA not installed"
+    elif warm_only:
+        try:
+            make()()
+        except Exception as exc:  # noqa: BLE001
+            row["error_" + layout] = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
+    else:
+        timed(row, layout, make)
+
+
+def ratio(row: dict, a: str, b: str):
+    """row[a] / row[b], None where either did not run (a benchmark's table of layouts)."""
+    return None if row.get(a) is None or row.get(b) is None else row[a] / row[b]
+
+
+def layout_cells(row: dict, layouts) -> str:
+    """'layout 0.123 ms, …' for a progress line, with the failure's start where one did not run."""
+    def cell(layout):
+        ms = row.get(layout)
+        return f"{layout} {ms:.3f} ms" if ms is not None else f"{layout} – ({row.get('error_' + layout, '')[:60]})"
+    return ", ".join(cell(x) for x in layouts)
+
+
 def fla_version():
     try:
         from importlib.metadata import version

@@ -23,7 +23,7 @@ import contextlib
 
 import torch
 
-from . import bench, device
+from . import bench
 
 SIZES = {
     "small": dict(Ts=(256,), Hs=(2,), K=32, V=32, dtype=torch.float32, chunks=2),
@@ -53,27 +53,16 @@ def measure(size: str | None = None, only=None, progress=print, modes=MODES, war
     """Milliseconds of every op × mode × H × T × layout; failures (FLA's refusals, out of memory)
     recorded. warm_only: run each callable once and time nothing (compiles the kernels into Triton's
     cache, so that several processes can compile in parallel before one process times)."""
-    size = size or device.pick(cpu="small", gpu="full")
-    cfg = SIZES[size]
-    dev = device.default_device()
+    size, cfg, dev = bench.sized(SIZES, size)
     rows = []
-    for op in (o for o in bench.OPS if not only or o in only):
+    for op in bench.selected_ops(only):
         for mode in modes:
             for H in cfg["Hs"]:
                 for T in cfg["Ts"]:
                     row = {"op": op, "mode": mode, "H": H, "T": T}
                     for layout, (make, within) in callables(op, mode, T, H, cfg, dev).items():
-                        if make is None:
-                            row[layout], row["error_" + layout] = None, "FLA not installed"
-                            continue
                         with within():
-                            if warm_only:
-                                try:
-                                    make()()
-                                except Exception as exc:  # noqa: BLE001
-                                    row["error_" + layout] = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
-                                continue
-                            bench.timed(row, layout, make)
+                            bench.measure_layout(row, layout, make, warm_only)
                     rows.append(row)
                     if not warm_only:
                         progress(bench_line(row))
@@ -83,14 +72,8 @@ def measure(size: str | None = None, only=None, progress=print, modes=MODES, war
 
 
 def bench_line(row: dict) -> str:
-    def cell(layout):
-        ms = row.get(layout)
-        return f"{layout} {ms:.3f} ms" if ms is not None else f"{layout} – ({row.get('error_' + layout, '')[:60]})"
-    return f"{row['op']:17s} {row['mode']:7s} H={row['H']:<3d} T={row['T']:<7d} " + ", ".join(cell(x) for x in LAYOUTS)
+    return f"{row['op']:17s} {row['mode']:7s} H={row['H']:<3d} T={row['T']:<7d} " + bench.layout_cells(row, LAYOUTS)
 
-
-def ratio(row: dict, a: str, b: str):
-    return None if row.get(a) is None or row.get(b) is None else row[a] / row[b]
 
 
 def report(r: dict) -> str:
@@ -99,5 +82,5 @@ def report(r: dict) -> str:
     head = f"{bench.run_label(r['env'])}\nB = 1, {cfg['dtype']}, K = {cfg['K']}, V = {cfg['V']}\n"
     cols = ["op", "pass", "H", "T", "ours ms", "one walk ms", "FLA ms", "ours ÷ one walk", "ours ÷ FLA"]
     rows = [[x["op"], x["mode"], x["H"], x["T"], x.get("ours"), x.get("one_walk"), x.get("fla"),
-             ratio(x, "ours", "one_walk"), ratio(x, "ours", "fla")] for x in r["rows"]]
+             bench.ratio(x, "ours", "one_walk"), bench.ratio(x, "ours", "fla")] for x in r["rows"]]
     return head + "\n" + bench.markdown_table(cols, rows)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import bench, device
+from . import bench
 
 SIZES = {
     "small": dict(lengths=(64, 32, 16, 8, 4, 2, 1, 1), H=2, K=32, V=32, dtype=torch.float32),
@@ -73,24 +73,13 @@ def measure(size: str | None = None, only=None, progress=print, warm_only=False,
     """Milliseconds of every op × mode × layout; failures (FLA's refusals, out of memory) recorded.
     warm_only: run each callable once and time nothing (compiles the kernels into Triton's cache, so
     that several processes can compile in parallel before one process times)."""
-    size = size or device.pick(cpu="small", gpu="full")
-    cfg = SIZES[size]
-    dev = device.default_device()
+    size, cfg, dev = bench.sized(SIZES, size)
     rows = []
-    for op in (o for o in bench.OPS if not only or o in only):
+    for op in bench.selected_ops(only):
         for mode in modes:
             row = {"op": op, "mode": mode}
             for layout, fn in callables(op, mode, cfg, dev).items():
-                if fn is None:
-                    row[layout], row["error_" + layout] = None, "FLA not installed"
-                    continue
-                if warm_only:
-                    try:
-                        fn()
-                    except Exception as exc:
-                        row["error_" + layout] = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
-                    continue
-                bench.timed(row, layout, lambda: fn)
+                bench.measure_layout(row, layout, None if fn is None else (lambda fn=fn: fn), warm_only)
             rows.append(row)
             progress(bench_line(row, cfg))
     return {"env": bench.environment(), "size": size,
@@ -105,14 +94,8 @@ def tokens_per_ms(row: dict, layout: str, cfg: dict):
 
 
 def bench_line(row: dict, cfg: dict) -> str:
-    def cell(layout):
-        ms = row.get(layout)
-        return f"{layout} {ms:.3f} ms" if ms is not None else f"{layout} – ({row.get('error_' + layout, '')[:60]})"
-    return f"{row['op']:17s} {row['mode']:7s} " + ", ".join(cell(x) for x in LAYOUTS)
+    return f"{row['op']:17s} {row['mode']:7s} " + bench.layout_cells(row, LAYOUTS)
 
-
-def ratio(row: dict, a: str, b: str):
-    return None if row.get(a) is None or row.get(b) is None else row[a] / row[b]
 
 
 def report(r: dict) -> str:
@@ -123,7 +106,7 @@ def report(r: dict) -> str:
     cols = ["op", "pass", "packed ms", "equal-length ms", "longest-length ms", "padded ms", "FLA packed ms",
             "packed ÷ equal", "packed ÷ longest", "packed ÷ padded", "packed ÷ FLA"]
     rows = [[x["op"], x["mode"], x.get("packed"), x.get("equal"), x.get("longest"), x.get("padded"), x.get("fla"),
-             ratio(x, "packed", "equal"), ratio(x, "packed", "longest"), ratio(x, "packed", "padded"),
-             ratio(x, "packed", "fla")]
+             bench.ratio(x, "packed", "equal"), bench.ratio(x, "packed", "longest"), bench.ratio(x, "packed", "padded"),
+             bench.ratio(x, "packed", "fla")]
             for x in r["rows"]]
     return head + "\n" + bench.markdown_table(cols, rows)
