@@ -76,7 +76,7 @@ def test_every_kernel_is_covered(ci_table):
     expected = {"_local_cumsum_kernel", "_intra_kernel", "_states_kernel", "_output_kernel", "_fused_kernel",
                 "_dstates_kernel", "_dA_kernel", "_intra_grad_kernel", "_dv_kernel", "_dqk_kernel", "_dg_kernel",
                 "_factor_kernel", "_kda_split_kernel", "_kda_exact_kernel", "_wu_kernel", "_state_kernel",
-                "_dstate_kernel", "_dchunk_kernel", "_gate_kernel", "_step_kernel"}
+                "_dstate_kernel", "_dchunk_kernel", "_gate_kernel", "_step_kernel", "_combine_kernel"}
     assert expected <= kernels, sorted(expected - kernels)
 
 

@@ -138,7 +138,7 @@ def calls(full: bool):
     """(label, thunk) for every wrapper call of the enumeration. full=False: the CI subset."""
     import torch
     import linattn.triton as lt
-    from linattn.triton import step
+    from linattn.triton import segments, step
     from linattn import support, testing
 
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
@@ -165,10 +165,13 @@ def calls(full: bool):
                 for x in args.values():
                     x.requires_grad_(True)
             fn = {"linear_attn": lt.linear_attn, "gla": lt.gla, "delta_rule": lt.delta_rule, "kda": lt.kda}[op]
-            o, sT = fn(**args, output_final_state=kw["hT"], **extra)
-            if backward:
-                loss = o.float().sum() + (sT.sum() if sT is not None else 0)
-                loss.backward()
+            # kw["segments"]: the state passes cut into segments of that many chunks (segments.py: the
+            # rule cuts only walks of hundreds of chunks, which these small tensors never reach)
+            with segments.fixed(kw["segments"]) if "segments" in kw else contextlib.nullcontext():
+                o, sT = fn(**args, output_final_state=kw["hT"], **extra)
+                if backward:
+                    loss = o.float().sum() + (sT.sum() if sT is not None else 0)
+                    loss.backward()
         return thunk
 
     out = []
@@ -184,15 +187,20 @@ def calls(full: bool):
                     if C > support.max_triton_chunk("gla", dtype):
                         continue             # refused before any launch (float32 stops earlier)
                     kw = dict(chunk_size=C, recompute=recompute)
-                    if c == 16:
-                        out.append((f"linear_attn C={C} {tag}", run("linear_attn", base, B, H, T, K, V, dtype,
-                                                                    backward, sms, **kw)))
-                    for gate, gdt in itertools.product(("per_dim", "per_head"), gdts):
-                        if c != 16 and (gate == "per_head" or gdt != torch.float32):
-                            continue         # sub-chunks: per-dimension gates only; gate dtypes at one
-                        out.append((f"gla {gate} C={C} c={c} {tag}",
-                                    run("gla", dict(base, gate=gate, gdt=gdt), B, H, T, K, V, dtype, backward, sms,
-                                        sub_chunk_size=c, **kw)))
+                    # the state passes in segments (two chunks each) where few programs would cut them
+                    cuts = ((), (2,)) if B == 1 and c == 16 else ((),)
+                    for cut in cuts:
+                        at = dict(base, segments=cut[0]) if cut else base
+                        label = " segments=2" if cut else ""
+                        if c == 16:
+                            out.append((f"linear_attn C={C} {tag}{label}",
+                                        run("linear_attn", at, B, H, T, K, V, dtype, backward, sms, **kw)))
+                        for gate, gdt in itertools.product(("per_dim", "per_head"), gdts):
+                            if c != 16 and (gate == "per_head" or gdt != torch.float32):
+                                continue     # sub-chunks: per-dimension gates only; gate dtypes at one
+                            out.append((f"gla {gate} C={C} c={c} {tag}{label}",
+                                        run("gla", dict(at, gate=gate, gdt=gdt), B, H, T, K, V, dtype, backward,
+                                            sms, sub_chunk_size=c, **kw)))
                 for C in delta_chunks:
                     kw = dict(chunk_size=C, recompute=recompute)
                     for gdt in gdts:
