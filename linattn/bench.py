@@ -298,6 +298,29 @@ def measure_layout(row: dict, layout: str, make, warm_only: bool = False) -> Non
         timed(row, layout, make)
 
 
+def table_cli(module, example_out: str, argv=None) -> None:
+    """The command line of a benchmark module that has SIZES, MODES, measure and report
+    (linattn.bench_packing, linattn.bench_long): prints the table, writes JSON with --out; --warm
+    compiles only (each callable run once, nothing timed), for one process per op in parallel before
+    the timing run finds every kernel in Triton's cache."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=module.__doc__.split("\n")[0])
+    p.add_argument("--size", choices=sorted(module.SIZES), default=None, help="default: linattn.device's choice")
+    p.add_argument("--only", nargs="+", choices=sorted(OPS), default=None)
+    p.add_argument("--modes", nargs="+", choices=module.MODES, default=module.MODES)
+    p.add_argument("--warm", action="store_true", help="compile only, time nothing")
+    p.add_argument("--out", default=None, help=f"JSON file to write (e.g. {example_out})")
+    a = p.parse_args(argv)
+    r = module.measure(a.size, a.only, modes=a.modes, warm_only=a.warm)
+    if a.warm:
+        return
+    print(module.report(r))
+    if a.out:
+        save_json(a.out, r)
+        print("wrote", a.out)
+
+
 def ratio(row: dict, a: str, b: str):
     """row[a] / row[b], None where either did not run (a benchmark's table of layouts)."""
     return None if row.get(a) is None or row.get(b) is None else row[a] / row[b]
