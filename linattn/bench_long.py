@@ -75,7 +75,6 @@ def bench_line(row: dict) -> str:
     return f"{row['op']:17s} {row['mode']:7s} H={row['H']:<3d} T={row['T']:<7d} " + bench.layout_cells(row, LAYOUTS)
 
 
-
 def report(r: dict) -> str:
     """The table a chapter prints: ms of each layout and ours' ratios."""
     cfg = r["setting"]

@@ -41,9 +41,9 @@ Two ways to run the chunks (`mode`):
   (B·H·NT·K·V values, in the input dtype); a second kernel computes every chunk's output in
   parallel (B·H·NT·V/BV programs). More memory traffic, far more parallelism.
 "auto" picks by measurement (`choose_mode`). A state pass whose walks leave most SMs idle (one long
-sequence, few heads) is cut into segments along the sequence (segments.py, `segment_plan`). When the fused program's tiles do not fit the GPU's
-shared memory (float32 at K = 128, or C = 256), the call runs as "states" instead; `ran["mode"]`
-says which mode the last call used.
+sequence, few heads) is cut into segments along the sequence (segments.py, `segment_plan`). When the
+fused program's tiles do not fit the GPU's shared memory (float32 at K = 128, or C = 256), the call
+runs as "states" instead; `ran["mode"]` says which mode the last call used.
 
 Chunks of 16 to 256 tokens (powers of two). Beyond 64 the output step works in row blocks of 64
 (`ROW_BLOCK`) and the state pass may run with fewer pipeline stages (`common.launch`).
@@ -843,30 +843,16 @@ def chunk_states(k, v, g, d, *, b=None, s0=None, sT=None, chunk_size=64, dtype=N
             T, H, K, V, NT, HAS_S0=s0 is not None, STORE_ST=sT is not None, **kw,
             **packed_args(seqs, "cu_seqlens", "chunk_offsets"))
         return h, sT
-    # in segments (segments.py): 1. each segment from zero, 2. combine, 3. each from its start
-    s_in = segment_starts(k, v, g, b, d, segs, s0=s0, sT=sT, chunk_size=C, config=(SK, SV, stages, nw))
-    last_launch["states"] = launch(_states_kernel, (*grid, segs.S * H), *args, s_in, k, T, H, K, V, NT,
-                                   HAS_S0=True, STORE_ST=False, **kw,
-                                   **packed_args(segs, "cu_seqlens", "chunk_offsets"))
+    # in segments (segments.py): 1. each segment from zero (h's pointer unused, k in its place),
+    # 2. the combine, 3. each segment from the state entering it
+    rows, tables = (*grid, segs.S * H), packed_args(segs, "cu_seqlens", "chunk_offsets")
+    F, decay = segments.buffers(segs, H, K, V, gate, k.device)
+    launch(_states_kernel, rows, *args[:4], k, k, F, T, H, K, V, 0, HAS_S0=False, STORE_ST=True, decay=decay,
+           STORE_H=False, STORE_DECAY=decay is not None, **kw, **tables)
+    s_in = segments.combine(F, decay, s0, sT, segs, gate=gate)
+    last_launch["states"] = launch(_states_kernel, rows, *args, s_in, k, T, H, K, V, NT, HAS_S0=True,
+                                   STORE_ST=False, **kw, **tables)
     return h, sT
-
-
-def segment_starts(k, v, g, b, d, segs, *, s0, sT, chunk_size, config=None):
-    """Steps 1 and 2 of a state pass cut into segments (segments.py): every segment's final
-    state from zero and its log-decay, then the state entering every segment, [S, H, K, V] float32
-    (s0: the sequences' initial states or None; fills sT with their final states when given)."""
-    H, K, V, C = d.H, d.K, d.V, chunk_size
-    gate = NO_GATE if g is None else (HEAD_GATE if g.dim() == 3 else DIM_GATE)
-    COMPUTE = compute_dtype(k.dtype)
-    SK, SV, stages, nw = config or (*state_config(K, V, segs.S * H, gate), 4)
-    F = outputs.empty((segs.S, H, K, V), dtype=torch.float32, device=k.device)
-    decay = segments.decays(segs, H, K, gate, k.device)
-    launch(_states_kernel, (triton.cdiv(K, SK), triton.cdiv(V, SV), segs.S * H), k, v, k if b is None else b,
-           k if g is None else g, k, k, F, d.T, H, K, V, 0, C=C, BK=SK, BV=SV, GATE=gate, COMPUTE=COMPUTE,
-           IEEE=COMPUTE == tl.float32, HAS_S0=False, STORE_ST=True, decay=decay, STORE_H=False,
-           STORE_DECAY=decay is not None, num_warps=nw, max_stages=stages,
-           **packed_args(segs, "cu_seqlens", "chunk_offsets"))
-    return segments.combine(F, decay, s0, sT, segs, gate=gate)
 
 
 # The shortest walk a state pass is cut into segments for (segments.length): with per-dimension gates

@@ -658,8 +658,7 @@ def reverse_pass(q, do, b, dsT, *, gate, scale, chunk_size, dh_dtype, with_ds0=T
     # in segments (segments.py): each segment's gradient at its start from zero at its
     # end, the segments combined from the last, then each segment from the gradient at its end
     tables = packed_args(segs, "cu_seqlens", "chunk_offsets")
-    F = outputs.empty((segs.S, H, K, V), dtype=torch.float32, device=q.device)
-    decay = segments.decays(segs, H, K, gate, q.device)
+    F, decay = segments.buffers(segs, H, K, V, gate, q.device)
     launch(_dstates_kernel, (*grid, segs.S * H), *args, q, F, T, H, K, V, NT, scale, HAS_DST=False,
            STORE_DS0=True, decay=decay, STORE_DH=False, STORE_DECAY=decay is not None, **kw, **tables)
     d_in = segments.combine(F, decay, dsT, ds0, segs, gate=gate, reverse=True)

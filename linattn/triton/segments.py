@@ -177,12 +177,14 @@ def _combine_kernel(F, decay, s_in, s0, sT, first, H, K, V, BK: tl.constexpr, BV
         tl.store(sT + i_nh * K * V + s_offs, S, mask=smask)
 
 
-def decays(segs: Segments, H: int, K: int, gate: int, device):
-    """The log-decay buffer step 1 fills ([S, H, K] per dimension, [S, H] per head), None ungated."""
+def buffers(segs: Segments, H: int, K: int, V: int, gate: int, device):
+    """What step 1 fills, float32: every segment's final state F [S, H, K, V] and its log-decay
+    ([S, H, K] per dimension, [S, H] per head, None ungated)."""
+    F = outputs.empty((segs.S, H, K, V), dtype=torch.float32, device=device)
     if gate == 0:
-        return None
+        return F, None
     shape = (segs.S, H, K) if gate == 2 else (segs.S, H)
-    return outputs.empty(shape, dtype=torch.float32, device=device)
+    return F, outputs.empty(shape, dtype=torch.float32, device=device)
 
 
 def combine(F, decay, s0, sT, segs: Segments, *, gate: int, reverse: bool = False, block=(64, 64)):
