@@ -42,7 +42,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # 1. the reverse pass over the state gradients, `_dstates_kernel` (with the state recomputation, one of
 #    the two kernels that walk the chunks);
 # 2. the score gradient $dP$, `_dA_kernel`;
-# 3. the intra-chunk parts of $dq$ and $dk$ with the forward's secondary chunking, `_intra_grad_kernel`;
+# 3. the intra-chunk parts of $dq$ and $dk$ with the forward's secondary chunking, `_intra_grad_kernel`
+#    (steps 2 and 3 for per-dimension gates; otherwise `_dqk_kernel` does both, §5);
 # 4. $dv$, `_dv_kernel`; $dq$, $dk$ with their state parts, `_dqk_kernel`;
 # 5. the gate gradient in its chunk-local form, `_dqk_kernel` and `_dg_kernel` — with a measurement
 #    of why the library does not sum it over the whole sequence;
@@ -132,6 +133,8 @@ def show(fn, first=None, last=None):
 # | $dq$, $dk$, each row block's share of $dg$ | `_dqk_kernel` | (K-block, row block, batch·head) | no |
 # | $dg$ | `_dg_kernel` | (K-block, row block, batch·head) | no |
 #
+# Without per-dimension gates, in chunks of up to 64 tokens, `_dqk_kernel` computes $dP$ and the
+# intra parts itself and the two rows after the reverse pass do not run (§5).
 # `GatedAttention` (an `autograd.Function`) runs them when an input requires grad. First, the whole
 # thing against float64 autograd through the token loop, for the three gate kinds — $T$ not a
 # multiple of the chunk, $K \ne V$, an initial state, and a gradient arriving on the final state too:
@@ -386,6 +389,46 @@ show(gated_backward._dqk_kernel)
 e_q, e_k = (testing.rel_err(launched["_dqk_kernel"][n], prev[n[-1]]) for n in ("dq", "dk"))
 print(f"dq: {e_q:.1e}   dk: {e_k:.1e}  (against linattn.chunk)")
 assert max(e_q, e_k) < 1e-5
+
+# %% [markdown]
+# ### Without per-dimension gates, $dP$ never leaves the kernel
+#
+# Steps 2 and 3 exist for the per-dimension gates: their intra parts need the secondary chunking of
+# §4, tile by tile. Without them — linear attention, and per-head gates, where the decay
+# $e^{b_i-b_j}$ is one number per pair of tokens — a chunk's whole intra part is
+# $dq^{\text{intra}} = (dP \odot \Gamma)\,K$ and $dk^{\text{intra}} = (dP\odot\Gamma)^\top Q$,
+# with $\Gamma$ the causal decay mask, and $dP = \text{scale}\,dO\,V^\top$ is one $C\times C$ tile.
+# `_dqk_kernel` already reads $dO$ and $V$ of its rows, block by block over $V$, for the state
+# parts; where its row block is the whole chunk ($C \le 64$) the same loop sums $dO\,V^\top$ too,
+# and the intra parts are two more products at the end. $dP$ is then never written: at the
+# benchmark setting (32k tokens, $H = 16$, $C = 64$) that is 128 MiB of float32 that `_dA_kernel`
+# writes and `_intra_grad_kernel` reads back once per K-block, and two launches fewer. The lines
+# that do it (`INTRA`):
+
+# %%
+show(gated_backward._dqk_kernel, "dA = tl.zeros([BR, BR]", "dk_t = dk_s + dk_in")
+
+# %% [markdown]
+# `gated_backward.fused_intra` decides, for half-precision inputs only: with float32 inputs the
+# tensor-core products run in full float32 (IEEE), the fused kernel holds more than the registers
+# take, and it came out slower than the three kernels it replaces (its docstring has the timings).
+# The per-head case of §1 again, in bf16, traced both ways — fused, and with the rule switched off:
+
+# %%
+args_h = testing.make_inputs("gla", B=B, T=T, H=H, K=K, V=V, initial_state=True, seed=1, device=DEV,
+                             gate="per_head", dtype=torch.bfloat16)
+traced_f, launched_f = traced_backward(args_h, dO, dS_T, C, c)
+with mock.patch.object(gated_backward, "fused_intra", lambda *a: False):
+    traced_s, launched_s = traced_backward(args_h, dO, dS_T, C, c)
+print("fused:   ", ", ".join(launched_f))
+print("separate:", ", ".join(launched_s))
+assert "_dA_kernel" not in launched_f and "_intra_grad_kernel" in launched_s
+truth_h, _ = gradients(naive.gla, testing.to_float64(args_h), dO.double(), dS_T.double())
+for n in ("q", "k"):
+    e_fs = testing.rel_err(traced_f[n], traced_s[n])
+    e_f, e_s = testing.rel_err(traced_f[n], truth_h[n]), testing.rel_err(traced_s[n], truth_h[n])
+    print(f"d{n}: fused against separate {e_fs:.1e};  against float64: fused {e_f:.1e}, separate {e_s:.1e}")
+    assert e_fs < 1e-4 and e_f < 2e-2
 
 # %% [markdown]
 # ## 6. The gate gradient, chunk by chunk: `_dqk_kernel` and `_dg_kernel`
