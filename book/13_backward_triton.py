@@ -1135,7 +1135,8 @@ assert e_one > 1e-3 and e_two < 1e-5                  # what breaks if the remai
 #   $dP = \text{scale}\,dO\,V^\top$ (`_dA_kernel`), the intra-chunk parts of $dq$, $dk$
 #   (`_intra_grad_kernel`), $dv$ (`_dv_kernel`), $dq$, $dk$ with their state parts and each row
 #   block's gate-gradient sums (`_dqk_kernel`), and $dg$ (`_dg_kernel`). Each was checked above
-#   against the chunk level.
+#   against the chunk level. Without per-dimension gates (half-precision inputs, chunks up to 64)
+#   `_dqk_kernel` forms $dP$ and the intra parts itself, and $dP$ never goes to memory.
 # * Only the state recomputation and the reverse pass walk the chunks; their grid shrinks as
 #   sequences grow, everything else has a program per chunk (or row block, or sub-chunk).
 # * Gradient tiles use the forward's **secondary chunking** — off-diagonal tiles as matmuls with
