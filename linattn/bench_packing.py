@@ -81,7 +81,7 @@ def measure(size: str | None = None, only=None, progress=print, warm_only=False,
             for layout, fn in callables(op, mode, cfg, dev).items():
                 bench.measure_layout(row, layout, None if fn is None else (lambda fn=fn: fn), warm_only)
             rows.append(row)
-            progress(bench_line(row, cfg))
+            progress(bench_line(row))
     return {"env": bench.environment(), "size": size,
             "setting": {n: (str(v).replace("torch.", "") if n == "dtype" else v) for n, v in cfg.items()},
             "rows": rows}
@@ -93,9 +93,8 @@ def tokens_per_ms(row: dict, layout: str, cfg: dict):
     return None if ms is None else sum(cfg["lengths"]) / ms
 
 
-def bench_line(row: dict, cfg: dict) -> str:
+def bench_line(row: dict) -> str:
     return f"{row['op']:17s} {row['mode']:7s} " + bench.layout_cells(row, LAYOUTS)
-
 
 
 def report(r: dict) -> str:
