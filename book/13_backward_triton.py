@@ -901,6 +901,78 @@ show(delta_backward._dchunk_kernel)
 show(wy_backward._gate_kernel)
 
 # %% [markdown]
+# ### Without per-dimension gates, the chain rule stays in the per-chunk kernel
+#
+# For DeltaNet and Gated DeltaNet the decay between two tokens is one number, so $E$ is one
+# $C \times C$ tile and each of the four sums above is a single product over the chunk's score
+# gradients; nothing needs K-blocks or the split. And `_dchunk_kernel` already holds every key
+# dimension of what `_gate_kernel` reads: $dQ_s$, $dK_d$, $dB_k$ ($C \times K$ each) and $dA$,
+# $dA_{qk}$ ($C \times C$), summed over $V$ in its loop. Handing them over means writing them to
+# memory in float32 and reading them back: at 32k tokens, $H = 16$, $K = 128$, $C = 64$ that is
+# 768 MiB of $C \times K$ tiles and 256 MiB of score gradients, written once and read once, plus
+# a launch. So for half-precision inputs with key tiles up to 128 wide
+# (`delta_backward.fused_gates`) the per-chunk kernel finishes the job with the same function
+# `_gate_kernel` calls for these gates. It takes the terms one at a time — $dq$ first, stored at
+# once — so that besides the kernel's own tiles only one product and two sums are live:
+
+# %%
+show(wy_backward.head_gate_grads)
+
+# %% [markdown]
+# and the lines of `_dchunk_kernel` that call it (`FUSE`), where the program's key tile is the
+# whole of $K$, so $d\beta$ and the per-head $dg$ are complete sums, not a K-block's part:
+
+# %%
+show(delta_backward._dchunk_kernel, "if FUSE:", "dg1.to(dg_out")
+
+# %% [markdown]
+# What breaks if the fused epilogue forgets that a chunk ends at $C$: `nxt` masks token $i + 1$
+# to the chunk, and without `jc < C - 1` the last row's tail would read the next chunk's first gate,
+# wrong only for gated chunks followed by another (the library's test
+# `test_fused_gate_step_equals_the_separate_kernel` goes red on exactly that). Gated DeltaNet in
+# bf16, traced both ways — fused, and with the rule switched off:
+
+
+# %%
+def launched_kernels(op, args, do, dS, **kw):
+    """Gradients of op's Triton level, and the names of the kernels its backward launched in order."""
+    names = []
+
+    def spy(real):
+        def launch(kernel, grid, *a, **k):
+            names.append(kernel.fn.__name__)
+            return real(kernel, grid, *a, **k)
+        return launch
+    with mock.patch.object(delta_backward, "launch", spy(delta_backward.launch)), \
+            mock.patch.object(wy_backward, "launch", spy(wy_backward.launch)):
+        grads, _ = gradients(getattr(lt, op), args, do, dS, **kw)
+    return grads, names
+
+
+args_g = testing.make_inputs("kda", B=1, T=40, H=2, K=16, V=16, initial_state=True, seed=7, device=DEV,
+                             gate="per_head", dtype=torch.bfloat16)
+do_g = torch.randn(args_g["v"].shape, generator=torch.Generator().manual_seed(8)).to(DEV)
+dS_g = torch.randn(args_g["initial_state"].shape, generator=torch.Generator().manual_seed(9)).to(DEV)
+fused_g, names_f = launched_kernels("kda", args_g, do_g, dS_g, chunk_size=16)
+with mock.patch.object(delta_backward, "fused_gates", lambda *a: False):
+    separate_g, names_s = launched_kernels("kda", args_g, do_g, dS_g, chunk_size=16)
+print("fused:   ", ", ".join(names_f))
+print("separate:", ", ".join(names_s))
+assert "_gate_kernel" not in names_f and "_gate_kernel" in names_s
+truth_g, _ = gradients(naive.kda, testing.to_float64(args_g), do_g.double(), dS_g.double())
+for n in ("q", "k", "g", "beta"):
+    e_fs = testing.rel_err(fused_g[n], separate_g[n])
+    e_f, e_s = testing.rel_err(fused_g[n], truth_g[n]), testing.rel_err(separate_g[n], truth_g[n])
+    print(f"d{n:5s} fused against separate {e_fs:.1e};  against float64: fused {e_f:.1e}, separate {e_s:.1e}")
+    assert e_fs < 1e-4 and e_f < 2e-2
+
+# %% [markdown]
+# Float32 inputs keep the separate kernel: their products run as three tf32 products each, and the
+# per-chunk kernel has no registers to spare for them. So do 256-wide key tiles (the per-chunk
+# kernel's V-blocks are narrow there) and KDA, whose per-dimension gates need the split and the
+# block references above.
+
+# %% [markdown]
 # Each against the chunk level's backward (`linattn.chunk`, its own `autograd.Function`), and both
 # against float64 autograd through the token loop — DeltaNet, Gated DeltaNet (per-head gates) and
 # KDA, an initial state and a final-state gradient:
@@ -1137,6 +1209,11 @@ assert e_one > 1e-3 and e_two < 1e-5                  # what breaks if the remai
 #   block's gate-gradient sums (`_dqk_kernel`), and $dg$ (`_dg_kernel`). Each was checked above
 #   against the chunk level. Without per-dimension gates (half-precision inputs, chunks up to 64)
 #   `_dqk_kernel` forms $dP$ and the intra parts itself, and $dP$ never goes to memory.
+# * The delta rules' backward is a reverse pass (`_dstate_kernel`), the per-chunk sums over $V$ with
+#   the WY backward through $\mathcal T$ (`_dchunk_kernel`), and the chain rule through the scores and
+#   gates (`wy_backward._gate_kernel`). Without per-dimension gates (DeltaNet, Gated DeltaNet in half
+#   precision) the per-chunk kernel applies the chain rule itself and its float32 tiles never go to
+#   memory.
 # * Only the state recomputation and the reverse pass walk the chunks; their grid shrinks as
 #   sequences grow, everything else has a program per chunk (or row block, or sub-chunk).
 # * Gradient tiles use the forward's **secondary chunking** — off-diagonal tiles as matmuls with

@@ -20,7 +20,9 @@ Backward, given dO and the gradient of the final state (0 unless output_final_st
        dB_v = 𝒯ᵀ dU → dv = β dB_v, dβ += Σ_v V ⊙ dB_v;   dB_k = 𝒯ᵀ dW;
        dA = −(dB_v Uᵀ + dB_k Wᵀ).
 4. `linattn.triton.wy_backward`, one program per (K-block, chunk, head): the chain rule through
-   the decayed scores and gates, to dq, dk, dβ and dg (see there).
+   the decayed scores and gates, to dq, dk, dβ and dg (see there). Without per-dimension gates
+   (DeltaNet, Gated DeltaNet) and with half-precision inputs, step 3's kernel applies it itself
+   (`fused_gates`), so its float32 outputs dQs, dKd, dB_k, dA and dAqk never go to memory.
 
 Kernels: all four steps (the stage-1/2 recomputation is the forward's own kernels). The host only
 allocates, launches, adds the per-K-block partial sums of dβ (and of a per-head dg) and casts.
@@ -48,7 +50,7 @@ from .common import contiguous, dot_split_bf16, gate_floor, kernel, launch, stag
 from .delta import factors_and_states, output_stage, plan
 from .gated import _packed_chunk, _packed_seq
 from .wy import first_gate
-from .wy_backward import gate_stage, mm, precise
+from .wy_backward import gate_stage, head_gate_grads, mm, precise
 
 # V-blocks of the reverse state pass and of the per-chunk reductions. The reverse pass takes 64-wide
 # V-blocks (V ≤ 32: all of V) whatever the number of programs: with the narrower blocks the forward's
@@ -142,6 +144,12 @@ def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
     dht = None if dht is None else dht.to(torch.float32).contiguous()
     with stage(timer, "reverse pass dS"):
         dhs, dvnew, dh0 = dstate_stage(q, g, wy, do, dht, p)
+    for name in ("kd", "dl", "aqk", "qg"):                # read by the reverse pass only
+        wy.pop(name, None)
+    if fused_gates(p, q.dtype):
+        with stage(timer, "per-chunk grads, WY, dq, dk, dg, dβ"):
+            grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g, q=q, k=k)
+        return grads["dq"], grads["dk"], dv, grads.get("dg"), db_v.to(beta.dtype), dh0
     with stage(timer, "per-chunk grads, WY"):
         grads, dv, db_v = dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g)
     del wy, hs, vnew, dhs, dvnew                          # step 4 reads none of them
@@ -149,6 +157,17 @@ def backward(q, k, v, g, beta, h0, do, dht, p, *, keep=None, timer=None):
         dq, dk, dg, db_k = gate_stage(q, k, g, beta, grads, p)
         dbeta = (db_v + db_k.sum(0)).to(beta.dtype)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+def fused_gates(p, dtype: torch.dtype) -> bool:
+    """Whether the per-chunk kernel applies step 4 itself (FUSE): without per-dimension gates
+    (DeltaNet, Gated DeltaNet) step 4 needs no K-blocks and no secondary chunking
+    (`wy_backward.head_gate_grads`: four products per chunk), and the per-chunk kernel already holds
+    every key dim of dQs, dKd, dB_k, dA and dAqk, which then never go to memory ([B, T, H, K] float32
+    three times and [B, T, H, C] twice). Half-precision inputs with key tiles up to 128 wide (where
+    its V-blocks are wide, `chunk_block`), decided by the dtype so the interpreter takes the native
+    path; float32 tiles (tf32x3 products) and 256-wide key tiles keep the separate gate kernel."""
+    return p.gate < 2 and dtype in (torch.bfloat16, torch.float16) and p.BK <= 128
 
 
 # ---------------------------------------------------------------- host side of steps 2 and 3
@@ -212,23 +231,36 @@ def dstate_stages(p) -> int:
     return 1 if precise(p) and p.K < p.BK and p.C <= 16 else 3
 
 
-def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None):
+def dchunk_stage(v, beta, wy, hs, vnew, dhs, dvnew, do, p, g=None, q=None, k=None):
     """Step 3: dict of float32 gradients for step 4 (dqs, dkd, dbk [B,T,H,K]; da, daqk [B,T,H,C];
-    ddl [B,H,NT,K]), dv (v's dtype) and the β gradient through U, [B,T,H] float32."""
+    ddl [B,H,NT,K]), dv (v's dtype) and the β gradient through U, [B,T,H] float32. Given q and k
+    (`fused_gates`), step 4 too: the dict holds dq, dk (their dtypes) and, for a per-head gate, dg
+    (g's dtype), and the β gradient is the whole of it."""
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     f32 = dict(dtype=torch.float32, device=p.device)
-    grads = {name: outputs.empty((B, T, H, K), **f32) for name in ("dqs", "dkd", "dbk")}
-    grads.update(da=outputs.empty((B, T, H, p.C), **f32), daqk=outputs.empty((B, T, H, p.C), **f32),
-                 ddl=outputs.empty((B, H, p.NT, K), **f32))
+    fuse = q is not None
+    if fuse:
+        grads = dict(dq=outputs.empty((B, T, H, K), dtype=q.dtype, device=p.device),
+                     dk=outputs.empty((B, T, H, K), dtype=k.dtype, device=p.device))
+        if p.gate == 1:
+            grads["dg"] = outputs.empty((B, T, H), dtype=g.dtype, device=p.device)
+    else:
+        grads = {name: outputs.empty((B, T, H, K), **f32) for name in ("dqs", "dkd", "dbk")}
+        grads.update(da=outputs.empty((B, T, H, p.C), **f32), daqk=outputs.empty((B, T, H, p.C), **f32),
+                     ddl=outputs.empty((B, H, p.NT, K), **f32))
     dv = outputs.empty((B, T, H, V), dtype=v.dtype, device=p.device)
     db_v = outputs.empty((B, T, H), **f32)
 
+    def out(name):                  # the outputs of the other form: a pointer no program touches
+        return grads.get(name, db_v)
+
     def run(BV):
         launch(_dchunk_kernel, (p.NT, B * H),
-            v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"], hs, vnew, dhs, dvnew, do,
-            grads["dqs"], grads["dkd"], grads["dbk"], grads["ddl"], grads["da"], grads["daqk"], dv, db_v,
-            T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt, IEEE=p.ieee,
-            X3=precise(p), num_warps=warps(TUNING["warps_chunk"], p.BK, BV), **p.packed("cu_seqlens", "chunk_indices"))
+            q if fuse else v, k if fuse else v, v, g if p.gate == 1 else beta, beta, wy["ai"], wy["u"], wy["w"],
+            hs, vnew, dhs, dvnew, do, *map(out, ("dq", "dk", "dg", "dqs", "dkd", "dbk", "ddl", "da", "daqk")),
+            dv, db_v, p.scale, T, p.NT, H=H, K=K, V=V, C=p.C, BK=p.BK, BV=BV, GATE=p.gate, DT=p.cdt,
+            IEEE=p.ieee, X3=precise(p), FUSE=fuse, num_warps=warps(TUNING["warps_chunk"], p.BK, BV),
+            **p.packed("cu_seqlens", "chunk_indices"))
 
     BV, narrow = chunk_block(p), chunk_block(p, narrow=True)
     try:
@@ -330,11 +362,11 @@ def _dstate_kernel(qs, g, kd, dl, w, aqk, do, dht, dhs, dvnew, dh0, scale, T, NT
 
 
 @kernel
-def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk, ddl, da, daqk,
-                   dv_out, db_v, T, NT, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr,
-                   IEEE: tl.constexpr, X3: tl.constexpr, cu_seqlens=None, chunk_indices=None,
-                   VARLEN: tl.constexpr = False):
+def _dchunk_kernel(q, k, v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dq_out, dk_out, dg_out, dqs, dkd, dbk, ddl,
+                   da, daqk, dv_out, db_v, scale, T, NT, H, K: tl.constexpr, V: tl.constexpr,
+                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+                   DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr, FUSE: tl.constexpr,
+                   cu_seqlens=None, chunk_indices=None, VARLEN: tl.constexpr = False):
     n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     nc = n                  # hs's, dhs's and ddl's chunk (packed: the row's)
@@ -344,6 +376,7 @@ def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk
         v, g, beta, ai, u, w, vnew = v + rv, g + bos * H, beta + bos * H, ai + rc, u + rv, w + rk, vnew + rv
         dvnew, do, dqs, dkd, dbk, da, daqk = dvnew + rv, do + rv, dqs + rk, dkd + rk, dbk + rk, da + rc, daqk + rc
         dv_out, db_v = dv_out + rv, db_v + bos * H
+        q, k, dq_out, dk_out, dg_out = q + rk, k + rk, dq_out + rk, dk_out + rk, dg_out + bos * H
     jc = tl.arange(0, C)
     tm = n * C + jc < T
     r0 = (b * T + n * C).to(tl.int64) * H + h
@@ -392,11 +425,21 @@ def _dchunk_kernel(v, g, beta, ai, u, w, hs, vnew, dhs, dvnew, do, dqs, dkd, dbk
     dA = -(dA + dBW)
     dA = tl.where(jc[:, None] > jc[None, :], dA, 0.0)
     dAqk = tl.where(jc[:, None] >= jc[None, :], dAqk, 0.0)
-    tl.store(dqs + offk, dQs, mask=mk)
-    tl.store(dkd + offk, dKd, mask=mk)
-    tl.store(dbk + offk, dBk, mask=mk)
-    tl.store(da + offc, dA, mask=tm[:, None])
-    tl.store(daqk + offc, dAqk, mask=tm[:, None])
-    tl.store(db_v + r0 + row, dbv, mask=tm)
-    if GATE > 0:
-        tl.store(ddl + (bh.to(tl.int64) * NT + nc) * K + dk, dDl, mask=dk < K)
+    if FUSE:        # step 4 here (`fused_gates`): the chain rule through the scores and the per-head gate
+        qt = tl.load(q + offk, mask=mk, other=0.0)                                # [C, BK] as given
+        kt = tl.load(k + offk, mask=mk, other=0.0)
+        nxt = (n * C + jc + 1 < T) & (jc < C - 1)
+        dbt, dg1 = head_gate_grads(qt, kt, bt, g + r0, row, tm, nxt, mk, dAqk * scale, dA, dQs, dKd, dBk,
+                                   dDl, scale, H, dq_out + offk, dk_out + offk, GATE, DT, IEEE, X3)
+        tl.store(db_v + r0 + row, dbv + dbt, mask=tm)
+        if GATE == 1:
+            tl.store(dg_out + r0 + row, dg1.to(dg_out.dtype.element_ty), mask=tm)
+    else:
+        tl.store(dqs + offk, dQs, mask=mk)
+        tl.store(dkd + offk, dKd, mask=mk)
+        tl.store(dbk + offk, dBk, mask=mk)
+        tl.store(da + offc, dA, mask=tm[:, None])
+        tl.store(daqk + offc, dAqk, mask=tm[:, None])
+        tl.store(db_v + r0 + row, dbv, mask=tm)
+        if GATE > 0:
+            tl.store(ddl + (bh.to(tl.int64) * NT + nc) * K + dk, dDl, mask=dk < K)

@@ -162,32 +162,24 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
     dQs = tl.load(dqs + offk, mask=mk, other=0.0)                                 # [C, BK] float32
     dKd = tl.load(dkd + offk, mask=mk, other=0.0)
     dBk = tl.load(dbk + offk, mask=mk, other=0.0)
-    # the decays: e^G (≤ 1, from the chunk start), e^{G_C − G} summed from the chunk end over the
-    # gates shifted up one row (the forward's `_w_part` takes the sum from the chunk end minus
-    # g_i: the same tail, never a difference of two long prefix sums), and e^{G_C}
-    nxt = ((t + 1) < T) & (jc < C - 1)
+    nxt = ((t + 1) < T) & (jc < C - 1)                                            # token i + 1 in the chunk
+    offc = r0 * C + row[:, None] * C + jc[None, :]                                # [C, C]
+    part = ik.to(tl.int64) * BTH                                                  # this K-block's partial
+    dDl = tl.zeros((BK,), dtype=tl.float32)
+    if GATE > 0:
+        dDl = tl.load(ddl + (bh.to(tl.int64) * NT + nc) * K + dk_, mask=dk_ < K, other=0.0)
     if GATE == 2:
+        # the decays: e^G (≤ 1, from the chunk start), e^{G_C − G} summed from the chunk end over the
+        # gates shifted up one row (the forward's `_w_part` takes the sum from the chunk end minus
+        # g_i: the same tail, never a difference of two long prefix sums), and e^{G_C}
         gt = gate_floor(tl.load(g + offk, mask=mk, other=0.0))                 # [C, BK]
         gsh = gate_floor(tl.load(g + offk + H * K, mask=nxt[:, None] & (dk_[None, :] < K), other=0.0))
         G = tl.cumsum(gt, axis=0)                                                 # [C, BK] ≤ 0
         eG = tl.exp(G)
         tail = tl.exp(tl.cumsum(gsh, axis=0, reverse=True))
         GC = tl.sum(gt, axis=0)                                                   # [BK]
-    elif GATE == 1:
-        g1 = gate_floor(tl.load(g + r0 + row, mask=tm, other=0.0))             # [C]
-        G1 = tl.cumsum(g1, axis=0)
-        eG = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(G1)[:, None]
-        gsh1 = gate_floor(tl.load(g + r0 + row + H, mask=nxt, other=0.0))
-        tail = tl.zeros((C, BK), dtype=tl.float32) + tl.exp(tl.cumsum(gsh1, axis=0, reverse=True))[:, None]
-        GC = tl.zeros((BK,), dtype=tl.float32) + tl.sum(g1, axis=0)
-    else:
-        eG = tl.full((C, BK), 1.0, tl.float32)
-        tail = eG
-        GC = tl.zeros((BK,), dtype=tl.float32)
-    # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
-    # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
-    offc = r0 * C + row[:, None] * C + jc[None, :]                                # [C, C]
-    if GATE == 2:
+        # score terms: Z = Σ_j Mq_ij E_ij k_j (→ dq), Zt_j = Σ_i Mq_ij E_ij q_i (→ dk),
+        # X = Σ_j dA_ij E_ij k_j (→ β dk_i, dβ_i), Y_j = Σ_i β_i dA_ij E_ij k_i (→ dk_j); Mq = scale dAqk
         if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
             Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
             Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, SX3, RND)
@@ -197,36 +189,90 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         else:
             Z, Zt, X, Y = _columns(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
                                    daqk + r0 * C, scale, n, T, H, K, C, BK, dk_)
+        dqt, dkt, dbt, dG = _combine(qt, kt, bt, eG, tail, Z, Zt, X, Y, dQs, dKd, dBk, scale)
+        tl.store(dg + offk, _gate_grad(kt, tail, dKd, GC, dDl, dG).to(dg.dtype.element_ty), mask=mk)
+        tl.store(dq + offk, dqt.to(dq.dtype.element_ty), mask=mk)
+        tl.store(dk + offk, dkt.to(dk.dtype.element_ty), mask=mk)
     else:
         Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
+        dbt, dg1 = head_gate_grads(qt, kt, bt, g + r0, row, tm, nxt, mk, Mq, Ma, dQs, dKd, dBk, dDl, scale,
+                                   H, dq + offk, dk + offk, GATE, DT, IEEE, X3)
         if GATE == 1:
-            E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                # [C, C] ≤ 1
-            Mq, Ma = Mq * E, Ma * E
-        Z = mm_input(Mq, kt, DT, IEEE, X3)                                       # [C, BK]
-        Zt = mm_input(tl.trans(Mq), qt, DT, IEEE, X3)
-        X = mm_input(Ma, kt, DT, IEEE, X3)
-        Y = mm_input(tl.trans(Ma * bt[:, None]), kt, DT, IEEE, X3)
-    dqt = Z + scale * eG * dQs
-    dkt = Zt + bt[:, None] * X + Y + tail * dKd + bt[:, None] * eG * dBk
-    tl.store(dq + offk, dqt.to(dq.dtype.element_ty), mask=mk)
-    tl.store(dk + offk, dkt.to(dk.dtype.element_ty), mask=mk)
-    # β: from A = diag(β) Ā (row i: Σ_j dA_ij Ā_ij = Σ_d k_id X_id) and from B_k
-    dbt = tl.sum(kt * X + kt * eG * dBk, axis=1)                                  # [C]
-    part = ik.to(tl.int64) * BTH                                                  # this K-block's partial
-    tl.store(db + part + r0 + row, dbt, mask=tm)
-    if GATE > 0:
-        dG = (qt * Z - kt * Zt + bt[:, None] * kt * X - kt * Y - kt * tail * dKd
-              + bt[:, None] * kt * eG * dBk + scale * qt * eG * dQs)               # [C, BK]
-        mkk = dk_ < K
-        dl = tl.exp(GC)
-        dGC = tl.sum(kt * tail * dKd, axis=0) + dl * tl.load(
-            ddl + (bh.to(tl.int64) * NT + nc) * K + dk_, mask=mkk, other=0.0)    # [BK]
-        dgt = tl.cumsum(dG, axis=0, reverse=True) + dGC[None, :]
-        if GATE == 2:
-            tl.store(dg + offk, dgt.to(dg.dtype.element_ty), mask=mk)
-        else:
-            dg1 = tl.sum(tl.where(mk, dgt, 0.0), axis=1)                          # [C]
             tl.store(dg + part + r0 + row, dg1, mask=tm)
+    tl.store(db + part + r0 + row, dbt, mask=tm)
+
+
+@triton.jit
+def head_gate_grads(qt, kt, bt, g, row, tm, nxt, mk, Mq, Ma, dQs, dKd, dBk, dDl, scale, H, dq, dk,
+                    GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, X3: tl.constexpr):
+    """Stores dq and dk (dq, dk: [C, BK] pointers, masked by mk) of one chunk without per-dimension
+    gates and returns (the β gradient through the keys [C], the per-head gate's dg [C], 0 without a
+    gate), from q, k [C, BK] and β [C] as loaded, Mq = scale dAqk and Ma = dA ([C, C], masked as
+    `_score_grads` does), dQs, dKd, dB_k [C, BK] and d(e^{G_C}) [BK], float32. g points at the
+    chunk's first per-head log-gate, row = token · H, nxt: whether token i + 1 is in the chunk.
+
+    One gate per head makes E one [C, C] tile, so each score term is one product (`mm_input`), and
+    the terms are taken one at a time into `_combine`'s sums (dq stored first), so that no more than
+    one product and two accumulators are live: the per-chunk kernel that fuses this step
+    (`delta_backward.fused_gates`) holds its own tiles too. The sums over key dims (dβ, dg) cover the
+    program's keys: in `_gate_kernel` one K-block's part, in the fused per-chunk kernel all of them."""
+    C: tl.constexpr = Mq.shape[0]
+    if GATE == 1:
+        # the decays e^G (≤ 1, from the chunk start) and e^{G_C − G} summed from the chunk end over
+        # the gates shifted up one row (the forward's `_w_part` takes the sum from the chunk end
+        # minus g_i: the same tail, never a difference of two long prefix sums); E_ij = e^{G_i − G_j}
+        g1 = gate_floor(tl.load(g + row, mask=tm, other=0.0))                     # [C]
+        G1 = tl.cumsum(g1, axis=0)
+        eG = tl.exp(G1)[:, None]                                                  # [C, 1]
+        gsh1 = gate_floor(tl.load(g + row + H, mask=nxt, other=0.0))
+        tail = tl.exp(tl.cumsum(gsh1, axis=0, reverse=True))[:, None]             # [C, 1]
+        E = tl.exp(tl.minimum(G1[:, None] - G1[None, :], 0.0))                    # [C, C] ≤ 1
+        Mq, Ma = Mq * E, Ma * E
+    else:
+        eG = tl.full((C, 1), 1.0, tl.float32)
+        tail = eG
+    # score terms (`_combine`): Z = Σ_j Mq_ij E_ij k_j, Zt_j = Σ_i Mq_ij E_ij q_i,
+    # X = Σ_j dA_ij E_ij k_j, Y_j = Σ_i β_i dA_ij E_ij k_i
+    dqt = mm_input(Mq, kt, DT, IEEE, X3) + scale * eG * dQs                      # Z + ... [C, BK]
+    tl.store(dq, dqt.to(dq.dtype.element_ty), mask=mk)
+    q32, k32 = qt.to(tl.float32), kt.to(tl.float32)
+    dG = q32 * dqt
+    R = mm_input(Ma, kt, DT, IEEE, X3) + eG * dBk                                 # X + ...
+    dbt = tl.sum(k32 * R, axis=1)                                                 # [C]
+    P = bt[:, None] * R
+    dKt = k32 * tail * dKd
+    N = mm_input(tl.trans(Mq), qt, DT, IEEE, X3) + tail * dKd                     # Zt + ...
+    N += mm_input(tl.trans(Ma * bt[:, None]), kt, DT, IEEE, X3)                   # + Y
+    tl.store(dk, (N + P).to(dk.dtype.element_ty), mask=mk)
+    dg1 = tl.zeros_like(dbt)
+    if GATE == 1:
+        dG += k32 * (P - N)
+        dGC = tl.sum(dKt, axis=0) + tl.exp(tl.sum(g1, axis=0)) * dDl              # [BK]
+        dg1 = tl.sum(tl.where(mk, tl.cumsum(dG, axis=0, reverse=True) + dGC[None, :], 0.0), axis=1)
+    return dbt, dg1
+
+
+@triton.jit
+def _combine(qt, kt, bt, eG, tail, Z, Zt, X, Y, dQs, dKd, dBk, scale):
+    """dq, dk [C, BK], the β gradient through the keys [C] and the log-decays' dG [C, BK] before the
+    suffix sum, from the score terms and the per-chunk gradients of Qs = scale Q ⊙ e^G,
+    Kd = K ⊙ tail (tail = e^{G_C − G}) and B_k = diag(β) K ⊙ e^G:
+        dq = Z + scale e^G ⊙ dQs,   dk = N + P with R = X + e^G ⊙ dB_k, P = β R, N = Zt + Y + tail ⊙ dKd,
+        dβ_i = Σ_d k_id R_id  (from A = diag(β) Ā, row i: Σ_j dA_ij Ā_ij = Σ_d k_id X_id, and from B_k),
+        dG = q ⊙ dq + k ⊙ (P − N): a_i ⊙ da_i for every factor e^{G_i}, −b_j ⊙ db_j for every e^{−G_j}."""
+    dqt = Z + scale * eG * dQs
+    R = X + eG * dBk
+    P = bt[:, None] * R
+    N = Zt + Y + tail * dKd
+    return dqt, N + P, tl.sum(kt * R, axis=1), qt * dqt + kt * (P - N)
+
+
+@triton.jit
+def _gate_grad(kt, tail, dKd, GC, dDl, dG):
+    """dg [C, BK] per key dim: g_t enters every G_i with i ≥ t and the chunk total G_C (through
+    Kd's e^{G_C − G} and e^{G_C}), so dg_t = Σ_{i ≥ t} dG_i + dG_C."""
+    dGC = tl.sum(kt * tail * dKd, axis=0) + tl.exp(GC) * dDl                      # [BK]
+    return tl.cumsum(dG, axis=0, reverse=True) + dGC[None, :]
 
 
 @triton.jit
