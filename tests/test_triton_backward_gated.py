@@ -274,6 +274,33 @@ def test_train_benchmark_runs_at_toy_size(tmp_path):
     assert "Forward + backward" in md and "Backward stages of linear_attn" in md
 
 
+def test_train_benchmark_resumes_a_cut_run(tmp_path, monkeypatch):
+    # a device call's time limit cuts a long training benchmark: the rows it saved are kept by the
+    # next call (--resume) and only the others are timed; --warm compiles and times nothing
+    import importlib.util
+    from pathlib import Path
+
+    from linattn import bench
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench_tool", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    size = dict(tokens=32, H=1, K=16, V=16, device=DEV)
+    first = tool.suite_train([32], lambda msg: None, size, only=["linear_attn"])
+    bench.save_json(tmp_path / "bench.json", {"train": first})
+    done = tool.done_rows([tmp_path])
+    assert set(done) == {("linear_attn", 32, None)}
+    timed = []
+    real = tool.train_row
+    monkeypatch.setattr(tool, "train_row", lambda op, T, *a, **k: timed.append((op, T)) or real(op, T, *a, **k))
+    again = tool.suite_train([32, 16], lambda msg: None, size, only=["linear_attn"], done=done)
+    assert timed == [("linear_attn", 16)]                      # the saved row is not timed again
+    assert again["rows"][0] == first["rows"][0] and any("--resume" in n for n in again["notes"])
+    monkeypatch.setattr(bench, "median_ms", lambda fn: pytest.fail("--warm timed a call"))
+    assert tool.suite_train([16], lambda msg: None, size, only=["linear_attn"], warm=True) == {"rows": [], "by_gates": {}}
+
+
 def test_launch_rules_are_the_natively_timed_ones():
     """_dqk_kernel takes 4 warps and at most 2 stages only where gated half-precision inputs meet
     float32 states, _dv_kernel 4 warps for per-dimension gates (gated_backward's timing comment);

@@ -1,6 +1,8 @@
 """Forward timings of every op × level against SDPA and FLA, at the anchor setting (ANCHORS.md).
 
     python tools/bench.py [--suite anchors|chunks|resources|train|all] [--T 1024 2048 ...] [--out DIR]
+    python tools/bench.py --suite train --warm --ops OP          (compile only; one process per op, in parallel)
+    python tools/bench.py --suite train --out DIR2 --resume DIR1 (time the rows DIR1's cut run lacks)
 
 anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward;
            the gated ops with each gate distribution of bench.GATE_SWEEP (--gates): mild,
@@ -212,15 +214,29 @@ def train_check(op, args):
     return max(testing.rel_err(a, b) for a, b in zip(got, ref))
 
 
-def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
+def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP, done=None, warm=False):
+    """done: {(op, T, gates): row} of an earlier run of the same setting (`done_rows`), kept as they
+    are; warm: only call everything once (compile Triton's and FLA's kernels), time nothing."""
     ops = [op for op in triton_ops() if not only or op in only]
     dev = size["device"]
+    done = done or {}
     res = {"rows": [], "by_gates": {}}
     for T in Ts:
+        todo = [(op, gs) for op in ops for gs in gate_runs(op, gates) if (op, T, gs) not in done]
+        if warm:
+            for op, gs in todo:
+                warm_row(op, T, gs, size)
+                log(f"compiled {op} T={T}" + (f" ({gs} gates)" if gs else ""))
+            continue
         sd = {}
-        bench.timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"], device=dev))
+        if todo:
+            bench.timed(sd, "sdpa", lambda: sdpa_train_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
+                                                             device=dev))
         for op in ops:
             for gs in gate_runs(op, gates):
+                if (op, T, gs) in done:
+                    place(res, done[op, T, gs])
+                    continue
                 row = train_row(op, T, gs, sd, size, check_grads=T == Ts[0])
                 place(res, row)
                 if save:                     # row by row, so a run cut by its time limit still reports
@@ -228,6 +244,8 @@ def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
                 log("train " + label(row) + ": " +
                     ", ".join(f"{k}={v:.3g}" for k, v in row.items() if isinstance(v, float)) +
                     "".join(f"; {k}: {v}" for k, v in row.items() if k.startswith("error")))
+    if warm:
+        return res
     stages = {}
     for op in ops:
         T = 8192 if 8192 in Ts else Ts[-1]
@@ -244,7 +262,43 @@ def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP):
              "compute, same bf16 inputs), at the first T"]
     notes.append("rows: mild gates (logsigmoid(x)/16) or none; by_gates: the gated ops with the other "
                  "distributions of bench.GATE_SWEEP")
+    if done:
+        notes.append(f"{sum(k in done for k in ((r['op'], r['T'], r['gates']) for r in all_rows(res)))} rows "
+                     "timed by an earlier call of the same run (--resume), the others by this one")
     return dict(res, stages=stages, notes=notes)
+
+
+def all_rows(train: dict) -> list:
+    """Every row of a training result, mild gates and the other distributions."""
+    return train.get("rows", []) + [r for rs in train.get("by_gates", {}).values() for r in rs]
+
+
+def done_rows(paths) -> dict:
+    """{(op, T, gates): row} of the training rows in earlier runs' bench.json (--resume): a run cut
+    by a device call's time limit saves row by row, and the next call goes on where it stopped."""
+    done = {}
+    for path in paths:
+        path = Path(path)
+        train = bench.load_json(path / "bench.json" if path.is_dir() else path).get("train", {})
+        done.update({(r["op"], r["T"], r["gates"]): r for r in all_rows(train) if r.get("triton") is not None})
+    return done
+
+
+def warm_row(op, T, gs, size):
+    """Run every call of a training row once (ours with and without recompute, FLA's): what a later
+    timing run of the same row would compile first. FLA's refusals are its row's business."""
+    import linattn.triton as lt
+
+    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
+    fn = getattr(lt, bench.OPS[op][0])
+    bench.train_call(fn, args)()
+    if op in TRAIN_KEEP:
+        bench.train_call(lambda **a: fn(**a, recompute=False), args)()
+    if bench.fla_fn(op) is not None:
+        try:
+            bench.train_call(bench.fla_fn(op), args)()
+        except Exception:  # noqa: BLE001  (a refusal: recorded by the timing run)
+            pass
 
 
 def train_row(op, T, gs, sd, size, check_grads):
@@ -364,6 +418,11 @@ def main(argv=None):
     p.add_argument("--gates", nargs="*", choices=list(bench.GATE_SWEEP), default=list(bench.GATE_SWEEP),
                    help="gate distributions of the gated ops (anchors, train; default: all of "
                         "bench.GATE_SWEEP; 'normal', the mild one, fills the rows the chapters read)")
+    p.add_argument("--warm", action="store_true",
+                   help="train: only run every call once (compile), time and write nothing; run one process "
+                        "per op in parallel before the timing run")
+    p.add_argument("--resume", nargs="*", default=[], metavar="DIR",
+                   help="train: keep the rows these runs' bench.json already hold and time only the others")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
@@ -388,8 +447,11 @@ def main(argv=None):
         bench.save_json(out / "bench.json", res)
     if a.suite in ("resources", "all"):
         res["resources"] = suite_resources(log, size)
+    if a.suite == "train" and a.warm:
+        suite_train(a.T, log, size, only=a.ops, gates=a.gates, done=done_rows(a.resume), warm=True)
+        return
     if a.suite == "train":
-        res["train"] = suite_train(a.T, log, size, only=a.ops, gates=a.gates,
+        res["train"] = suite_train(a.T, log, size, only=a.ops, gates=a.gates, done=done_rows(a.resume),
                                    save=lambda train: bench.save_json(out / "bench.json", {**res, "train": train}))
     bench.save_json(out / "bench.json", res)
     (out / "bench.md").write_text(markdown(res))
