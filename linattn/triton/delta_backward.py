@@ -166,7 +166,11 @@ def fused_gates(p, dtype: torch.dtype) -> bool:
     every key dim of dQs, dKd, dB_k, dA and dAqk, which then never go to memory ([B, T, H, K] float32
     three times and [B, T, H, C] twice). Half-precision inputs with key tiles up to 128 wide (where
     its V-blocks are wide, `chunk_block`), decided by the dtype so the interpreter takes the native
-    path; float32 tiles (tf32x3 products) and 256-wide key tiles keep the separate gate kernel."""
+    path; float32 tiles (tf32x3 products) and 256-wide key tiles keep the separate gate kernel. ptxas
+    for sm_90 (offline, K = V = 128, C = 64, spill bytes per thread, separate → fused): bf16 DeltaNet
+    256 → 456, Gated DeltaNet 320 → 876; float32 3,332 → 5,012 and 4,140 → 6,972. Timed natively in
+    bf16 (H200, H = 16, 32k tokens, forward + backward): DeltaNet 4.01 → 3.54 ms at T = 1k, 6.31 →
+    5.83 at 32k; Gated DeltaNet 5.42 → 4.78 and 7.88 → 7.18."""
     return p.gate < 2 and dtype in (torch.bfloat16, torch.float16) and p.BK <= 128
 
 
