@@ -251,9 +251,8 @@ def test_kernels_write_every_gradient_entry():
         assert torch.isfinite(x).all()
 
 
-def test_train_benchmark_runs_at_toy_size(tmp_path):
-    # tools/bench.py --suite train on the CPU (interpreter): rows, memory, the gradient check and the
-    # backward stages come out; FLA is absent here and says so (the GPU run is the lead's)
+def bench_tool():
+    """tools/bench.py as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
 
@@ -261,7 +260,16 @@ def test_train_benchmark_runs_at_toy_size(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_tool", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    size = dict(tokens=32, H=1, K=16, V=16, device=DEV)
+    return tool
+
+
+TOY = dict(tokens=32, H=1, K=16, V=16, device=DEV)       # the training benchmark at a size the interpreter runs
+
+
+def test_train_benchmark_runs_at_toy_size(tmp_path):
+    # tools/bench.py --suite train on the CPU (interpreter): rows, memory, the gradient check and the
+    # backward stages come out; FLA is absent here and says so (the GPU run is the lead's)
+    tool, size = bench_tool(), TOY
     res = tool.suite_train([32], lambda msg: None, size, only=["linear_attn"])
     (row,) = res["rows"]
     assert row["triton"] > 0 and row["triton:keep"] > 0 and row["sdpa"] > 0 and row["mem_triton"] > 0
@@ -277,16 +285,9 @@ def test_train_benchmark_runs_at_toy_size(tmp_path):
 def test_train_benchmark_resumes_a_cut_run(tmp_path, monkeypatch):
     # a device call's time limit cuts a long training benchmark: the rows it saved are kept by the
     # next call (--resume) and only the others are timed; --warm compiles and times nothing
-    import importlib.util
-    from pathlib import Path
-
     from linattn import bench
 
-    path = Path(__file__).resolve().parent.parent / "tools" / "bench.py"
-    spec = importlib.util.spec_from_file_location("bench_tool", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    size = dict(tokens=32, H=1, K=16, V=16, device=DEV)
+    tool, size = bench_tool(), TOY
     first = tool.suite_train([32], lambda msg: None, size, only=["linear_attn"])
     bench.save_json(tmp_path / "bench.json", {"train": first})
     done = tool.done_rows([tmp_path])
