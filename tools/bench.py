@@ -284,38 +284,41 @@ def done_rows(paths) -> dict:
     return done
 
 
-def warm_row(op, T, gs, size):
-    """Run every call of a training row once (ours with and without recompute, FLA's): what a later
-    timing run of the same row would compile first. FLA's refusals are its row's business."""
+def train_calls(op, args) -> dict:
+    """The callables a training row times, by column: ours (recompute), ours keeping the states where
+    the op has that, FLA's where fla is importable. Each makes a fresh `bench.train_call`."""
     import linattn.triton as lt
 
-    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
     fn = getattr(lt, bench.OPS[op][0])
-    bench.train_call(fn, args)()
+    calls = {"triton": lambda: bench.train_call(fn, args)}
     if op in TRAIN_KEEP:
-        bench.train_call(lambda **a: fn(**a, recompute=False), args)()
+        calls["triton:keep"] = lambda: bench.train_call(lambda **a: fn(**a, recompute=False), args)
     if bench.fla_fn(op) is not None:
+        calls["fla"] = lambda: bench.train_call(bench.fla_fn(op), args)
+    return calls
+
+
+def warm_row(op, T, gs, size):
+    """Run every call of a training row once: what a later timing run of the same row would
+    compile first. FLA's refusals are its row's business."""
+    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
+    for column, make in train_calls(op, args).items():
         try:
-            bench.train_call(bench.fla_fn(op), args)()
-        except Exception:  # noqa: BLE001  (a refusal: recorded by the timing run)
-            pass
+            make()()
+        except Exception:  # noqa: BLE001  (a refusal of FLA's: recorded by the timing run)
+            if column != "fla":
+                raise
 
 
 def train_row(op, T, gs, sd, size, check_grads):
     """One op × T × gate distribution of the training suite: ours (recompute and keep), FLA, SDPA."""
-    import linattn.triton as lt
-
     args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
     row = {"op": op, "T": T, "gates": gs, "B": args["q"].shape[0], "sdpa": sd.get("sdpa"),
            "mem_sdpa": sd.get("mem_sdpa")}
-    fn = getattr(lt, bench.OPS[op][0])
-    bench.timed(row, "triton", lambda: bench.train_call(fn, args))
-    if op in TRAIN_KEEP:
-        bench.timed(row, "triton:keep", lambda: bench.train_call(lambda **a: fn(**a, recompute=False), args))
-    fla = bench.fla_call(op, args)
-    if fla is not None:
-        bench.timed(row, "fla", lambda: bench.train_call(bench.fla_fn(op), args))
-    else:
+    calls = train_calls(op, args)
+    for column, make in calls.items():
+        bench.timed(row, column, make)
+    if "fla" not in calls:
         row["fla"], row["error_fla"] = None, "fla not importable"
     if check_grads and row.get("triton") is not None:
         try:
