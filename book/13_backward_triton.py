@@ -55,6 +55,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # recorded GPU run in `book/data/`; on a GPU the same cells run natively.
 
 # %%
+import contextlib
 import inspect
 import math
 from unittest import mock
@@ -180,19 +181,30 @@ for name, (op, kw) in cases.items():
 args, ours, truth, S_final = results["GLA, per-dimension gates"]
 
 
+@contextlib.contextmanager
+def recorded_launches(*modules):
+    """Inside the block, every kernel the modules launch is recorded in order, in the list it yields:
+    (kernel name, {argument name: value})."""
+    seen = []
+
+    def spy(real):
+        def launch(kernel, grid, *a, **kw):
+            seen.append((kernel.fn.__name__, {**dict(zip(kernel.arg_names, a)), **kw, "grid": grid}))
+            return real(kernel, grid, *a, **kw)
+        return launch
+    with contextlib.ExitStack() as stack:
+        for m in modules:
+            stack.enter_context(mock.patch.object(m, "launch", spy(m.launch)))
+        yield seen
+
+
 def traced_backward(args, dO, dS_T, C, c):
     """The library's backward on args, and {kernel name: {argument name: value}} of its launches."""
-    seen, real = {}, gated_backward.launch
-
-    def launch(kernel, grid, *a, **kw):
-        seen[kernel.fn.__name__] = {**dict(zip(kernel.arg_names, a)), **kw, "grid": grid}
-        return real(kernel, grid, *a, **kw)
-
     q, k, v, g, s0 = (args[n] for n in ("q", "k", "v", "g", "initial_state"))
     d = check_inputs(q, k, v, g=g, initial_state=s0, gate=True)
-    with mock.patch.object(gated_backward, "launch", launch), testing.poisoned():
+    with recorded_launches(gated_backward) as seen, testing.poisoned():
         grads = gated_backward.backward(dO, dS_T, q, k, v, g, s0, d, chunk_size=C, sub_chunk_size=c)
-    return dict(zip(("q", "k", "v", "g", "initial_state"), grads)), seen
+    return dict(zip(("q", "k", "v", "g", "initial_state"), grads)), dict(seen)
 
 
 traced, launched = traced_backward(args, dO, dS_T, C, c)
@@ -938,17 +950,9 @@ show(delta_backward._dchunk_kernel, "if FUSE:", "dg1.to(dg_out")
 # %%
 def launched_kernels(op, args, do, dS, **kw):
     """Gradients of op's Triton level, and the names of the kernels its backward launched in order."""
-    names = []
-
-    def spy(real):
-        def launch(kernel, grid, *a, **k):
-            names.append(kernel.fn.__name__)
-            return real(kernel, grid, *a, **k)
-        return launch
-    with mock.patch.object(delta_backward, "launch", spy(delta_backward.launch)), \
-            mock.patch.object(wy_backward, "launch", spy(wy_backward.launch)):
+    with recorded_launches(delta_backward, wy_backward) as seen:
         grads, _ = gradients(getattr(lt, op), args, do, dS, **kw)
-    return grads, names
+    return grads, [name for name, _ in seen]
 
 
 args_g = testing.make_inputs("kda", B=1, T=40, H=2, K=16, V=16, initial_state=True, seed=7, device=DEV,
