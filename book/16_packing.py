@@ -581,10 +581,14 @@ plt.tight_layout(); plt.show()
 #   gain and the library keeps one walk (`docs/performance.md`).
 #
 # Against flash-linear-attention's packed path (its last printed line; a ratio below 1 means ours
-# is faster) the forwards are ahead or level. Forward + backward follows each operation's backward
-# as the unpacked training benchmark measures it (`book/data/bench_train.json`): where that
-# backward is slower than FLA's (DeltaNet's), packing does not change it. FLA 0.6.0 refuses its
-# own backward for per-head gates on this toolchain, so those rows have no FLA time.
+# is faster) the forwards are ahead or level. Forward + backward does not simply follow the
+# unpacked training benchmark (`book/data/bench_train.json`, recorded a day later on the same kind
+# of GPU): packed, linear attention's step is ahead of FLA's packed path where unpacked it was
+# 1.01–1.19× FLA's, and DeltaNet's takes about twice FLA's time where unpacked it took 1.2–1.3×.
+# Our own rows of the longest document cost about what the packed row costs, so the boundaries are
+# not where DeltaNet loses; where its packed backward does lose is not yet traced kernel by kernel
+# (`docs/packed_sequences.md` has the measurements). FLA 0.6.0 refuses its own backward for per-head gates on this
+# toolchain, so those rows have no FLA time.
 #
 # ## 5. The short convolution must not leak either
 #
