@@ -5,6 +5,7 @@ Speed is measured here and in tools/bench.py, never asserted in unit tests.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 import weakref
 
@@ -364,16 +365,52 @@ def cpu_name() -> str:
     return platform.processor() or "CPU"
 
 
+# Longer than NVML's utilization sample period (1/6 s to 1 s, by product): a reading taken after
+# this process has been idle that long counts other processes' kernels only.
+IDLE_S = 1.1
+
+
+def gpu_without_us() -> dict | None:
+    """How busy this process's GPU is without us, through NVML (`torch.cuda.utilization` and
+    `device_memory_used`, which need nvidia-ml-py): after IDLE_S with no kernel of ours, the percent
+    of the last sample period in which some kernel ran (`busy_pct`) and the GPU memory in use beyond
+    what our allocator reserved (`outside_mib`: our CUDA context and loaded kernels, plus any other
+    process's). None without a GPU or where NVML cannot say.
+
+    A timing measures our kernels only on a GPU nothing else is running on, and another process's
+    kernels on the same SMs leave no trace in the numbers: the same code once measured the delta
+    rules' reverse pass at twice the time another device call measured (docs/performance.md). A run
+    records this reading beside its results, and `run_label` names a GPU that was not idle."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        torch.cuda.synchronize()
+        time.sleep(IDLE_S)
+        busy = int(torch.cuda.utilization())
+        outside = torch.cuda.device_memory_used() - torch.cuda.memory_reserved()
+    except Exception:  # noqa: BLE001  (no nvidia-ml-py, or a driver that does not answer NVML)
+        return None
+    return {"busy_pct": busy, "outside_mib": round(outside / 2**20)}
+
+
 def environment() -> dict:
-    """Device, date and versions: stored with every recorded result."""
+    """Device, date and versions, and on a GPU how busy it was without us (`gpu_without_us`): stored
+    with every recorded result."""
     import triton
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     # The day, not the hour: a recorded run is quoted in the book by its setting; which commit ran
     # it belongs in the git log (docs/performance.md names the command that produced it).
-    return {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-            "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
-            "python": platform.python_version()}
+    env = {"device": dev, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+           "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
+           "python": platform.python_version()}
+    quiet = gpu_without_us()
+    if quiet is not None:
+        env["gpu_without_us"] = quiet
+        if quiet["busy_pct"] > 0:
+            print(f"warning: the GPU ran kernels {quiet['busy_pct']} % of the time while this process was idle: "
+                  "another process is using it, and timings taken now measure both", file=sys.stderr)
+    return env
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -413,9 +450,12 @@ def recorded_run(*names):
 
 
 def run_label(env: dict) -> str:
-    """Where, when and with what a recorded run was made: the line printed above its table."""
-    return (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-            f"FLA {env.get('fla')}")
+    """Where, when and with what a recorded run was made: the line printed above its table, and a
+    warning where the GPU was running other kernels while the run's process was idle."""
+    label = (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
+             f"FLA {env.get('fla')}")
+    busy = (env.get("gpu_without_us") or {}).get("busy_pct")
+    return label + (f" (GPU {busy} % busy without this run: timings shared it)" if busy else "")
 
 
 def markdown_table(columns, rows) -> str:
