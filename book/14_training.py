@@ -46,6 +46,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("linattn") is None
 # %%
 import copy
 import math
+import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -360,9 +361,35 @@ LABEL = {"softmax": "softmax (SDPA)", "linear": "linear attention", "gla": "GLA"
          "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "kda": "KDA"}
 torch.set_num_threads(1)          # the timings below: one CPU thread (GPU kernels are not affected)
 head_k = CFG["d_model"] // CFG["n_heads"]
+WIDER = ["linear", "deltanet"]    # trained again with half the heads in section 6
 print(CFG, f"pairs {PAIRS}, vocab {VOCAB}, head state {head_k}×{head_k}")
 assert PAIRS >= head_k
 
+# %% [markdown]
+# On a GPU each layer's first step compiles its Triton kernels, and one model after another that
+# is minutes of waiting. The kernels depend on the head dims, the dtype and the layer's options, not
+# on the batch or the sequence length, so one step of each model compiles all of them: `mqar.warm_up`
+# runs that step for every model at once, each in a process of its own (compiling is CPU-bound, and a
+# GPU machine has many cores), and the training below finds every kernel in Triton's on-disk cache.
+# Each line is one model's cold compile; the last, the wait for all of them. On a CPU the layers run
+# the chunk level in PyTorch, and there is nothing to compile.
+
+# %%
+def job(name, n_heads):
+    return dict(mixer=name, vocab=VOCAB, d_model=CFG["d_model"], n_heads=n_heads, layers=CFG["layers"],
+                n_pairs=PAIRS, batch_size=CFG["batch"])
+
+
+jobs = {LABEL[n]: job(n, CFG["n_heads"]) for n in MODELS if n != "softmax"}   # SDPA: nothing to compile
+jobs |= {f"{LABEL[n]}, half the heads": job(n, CFG["n_heads"] // 2) for n in WIDER}
+start = time.perf_counter()
+compiled = mqar.warm_up(jobs, device=DEVICE)
+for label, seconds in compiled.items():
+    print(f"{label:28s} " + (f"{seconds:6.1f} s" if isinstance(seconds, float) else f"not compiled here: {seconds}"))
+print(f"compiled in parallel: {time.perf_counter() - start:.1f} s" if compiled
+      else "nothing to compile on a CPU: the layers run the chunk level")
+
+# %%
 runs, models = {}, {}
 for name in MODELS:
     torch.manual_seed(0)
@@ -428,12 +455,12 @@ print("ranking by recall at n_max:", " > ".join(LABEL[n] for n in ranking))
 # Each trained model answers fresh sequences with $n = 2 \dots 2n_{\max}$ pairs: up to $n_{\max}$
 # it has seen such sequences, beyond it has not (and longer lists than it was trained on test
 # whether its memory generalises). To see what the state size is worth, two of the recurrent
-# models (linear attention and DeltaNet, `WIDER` below; the others only as trained, to keep the run
-# short) are trained once more with half as many heads of twice the width — the same number of
-# parameters in $q, k, v$, twice the state ($H\cdot K\cdot V = d^2/H$).
+# models (linear attention and DeltaNet, `WIDER`, whose kernels section 5 compiled with the others;
+# the others only as trained, to keep the run short) are trained once more with half as many heads
+# of twice the width — the same number of parameters in $q, k, v$, twice the state
+# ($H\cdot K\cdot V = d^2/H$).
 
 # %%
-WIDER = ["linear", "deltanet"]
 wide = {}
 for name in WIDER:
     torch.manual_seed(0)

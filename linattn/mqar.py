@@ -149,3 +149,59 @@ def train(model, *, n_pairs: int, vocab: int, steps: int, batch_size: int = 64, 
     model.eval()
     acc = accuracy(model, n_pairs, vocab, device=device)
     return Run(name or model.mixer_name, losses, acc, seconds, cpu, model.state_size(3 * n_pairs))
+
+
+def warm_up(jobs: dict, *, device="cuda", workers: int | None = None) -> dict:
+    """Compile the Triton kernels that `train` and `accuracy` will launch for each job's model, each
+    job in a process of its own, all at once, so that the runs that follow find them in Triton's
+    on-disk cache instead of compiling one model after another at its first step.
+
+    jobs: {label: dict(mixer=, vocab=, d_model=, n_heads=, layers=, n_pairs=, batch_size=)}, the
+    arguments of `RecallModel` and `train`. Returns {label: seconds} that one training step and one
+    evaluation took in that job's fresh process, where every kernel is compiled before it runs (the
+    job's cold compile, with its start-up); a job that failed gives the error's text instead, and
+    its kernels compile later where they run. {} on a CPU, where nothing is compiled (the layers
+    run the chunk level there, or Triton's interpreter where a caller asks for the Triton level).
+
+    Kernels are specialised on head dims, dtypes and flags, not on B, T or H (`common.kernel`), but
+    a launch chooses its blocks by its number of programs (B·H): one step at the run's batch size
+    compiles what every length of the same model launches. Processes are spawned (a forked child
+    cannot use CUDA), at most `workers` at a time (default: the CPU count; compiling is CPU-bound)."""
+    if torch.device(device).type == "cpu":
+        return {}
+    return _in_processes(jobs, device, workers)
+
+
+def _in_processes(jobs: dict, device, workers) -> dict:
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {label: pool.submit(_first_step, job, str(device)) for label, job in jobs.items()}
+        out = {}
+        for label, f in futures.items():
+            try:
+                out[label] = f.result()
+            except Exception as e:  # noqa: BLE001  (reported, not raised: the run compiles it later)
+                out[label] = f"{type(e).__name__}: {e}"
+        return out
+
+
+def _first_step(job: dict, device: str) -> float:
+    """One training step and one evaluation of job's model on `device`: seconds (in a fresh process:
+    the kernels' compilation)."""
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    model = RecallModel(job["mixer"], job["vocab"], d_model=job["d_model"], n_heads=job["n_heads"],
+                        layers=job["layers"]).to(device)
+    # the batch sizes the run uses: blocks are chosen by the number of programs (B·H), so a smaller
+    # batch could compile other variants
+    tokens, targets = batch(job["n_pairs"], job["batch_size"], job["vocab"], device=device)
+    loss_fn(model, tokens, targets).backward()
+    model.eval()
+    accuracy(model, job["n_pairs"], job["vocab"], device=device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
