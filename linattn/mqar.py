@@ -169,7 +169,10 @@ def warm_up(jobs: dict, *, device="cuda", workers: int | None = None) -> dict:
     cannot use CUDA), at most `workers` at a time (default: the CPU count; compiling is CPU-bound)."""
     if torch.device(device).type == "cpu":
         return {}
-    return _in_processes(jobs, device, workers)
+    try:
+        return _in_processes(jobs, device, workers)
+    except Exception as e:  # noqa: BLE001  (no process could start: the run compiles as it goes)
+        return {label: f"{type(e).__name__}: {e}" for label in jobs}
 
 
 def _in_processes(jobs: dict, device, workers) -> dict:

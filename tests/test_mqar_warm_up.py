@@ -15,6 +15,14 @@ def test_nothing_runs_on_a_cpu(monkeypatch):
     assert mqar.warm_up({"deltanet": JOB}, device="cpu") == {}
 
 
+def test_a_pool_that_cannot_start_is_reported_for_every_job(monkeypatch):
+    def no_pool(*a):
+        raise OSError("no processes here")
+    monkeypatch.setattr(mqar, "_in_processes", no_pool)
+    assert mqar.warm_up({"a": JOB, "b": JOB}, device="cuda") == {"a": "OSError: no processes here",
+                                                                  "b": "OSError: no processes here"}
+
+
 def test_each_job_runs_in_its_own_process_and_failures_are_reported():
     out = mqar._in_processes({"deltanet": JOB, "linear": dict(JOB, mixer="linear"),
                               "typo": dict(JOB, mixer="deltanett")}, "cpu", 2)
