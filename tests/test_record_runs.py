@@ -1,0 +1,95 @@
+"""tools/record_runs.py: the recorded GPU runs over several device calls. The suites' processes are
+replaced by a stub here (the suites themselves have their own tests); what is checked is the order
+(every op compiles before any is timed), resuming from earlier calls, the deadline, and the merge
+into the files the chapters read."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from linattn import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def rr():
+    spec = importlib.util.spec_from_file_location("record_runs", ROOT / "tools" / "record_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def env(date="2026-11-28"):
+    return {"device": "NVIDIA H200", "date": date, "torch": "2.11.0+cu130", "triton": "3.6.0", "fla": "0.6.0"}
+
+
+def write(path: Path, data: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def packing_result(op):
+    return {"env": env(), "size": "full", "setting": {"H": 16}, "rows": [{"op": op, "mode": "forward", "packed": 1.0}]}
+
+
+def test_every_op_compiles_before_any_is_timed_and_recorded_ops_are_skipped(rr, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, deadline, log):
+        calls.append(("time" if "--out" in cmd else "warm", cmd[cmd.index("--only") + 1]))
+        if "--out" in cmd:
+            write(Path(cmd[cmd.index("--out") + 1]), packing_result(cmd[cmd.index("--only") + 1]))
+        return 0
+    monkeypatch.setattr(rr, "run", fake_run)
+    earlier = tmp_path / "call1"
+    write(earlier / "packing_gla.json", packing_result("gla"))
+    status = rr.record(["packing"], tmp_path / "call2", [earlier], 100, 4, None, ops=["gla", "kda", "delta_rule"],
+                       say=lambda *a: None)
+    assert status["packing"] == {"gla": "recorded earlier", "delta_rule": "timed", "kda": "timed"}
+    assert [c for c in calls if c[0] == "warm"] == [("warm", "delta_rule"), ("warm", "kda")]
+    assert calls[2:] == [("time", "delta_rule"), ("time", "kda")]          # timed after all compiled
+
+
+def test_nothing_starts_after_the_deadline(rr, tmp_path):
+    out = tmp_path / "call"
+    status = rr.record(["packing"], out, [], 0, 2, "small", ops=["kda"], say=lambda *a: None)
+    assert status["packing"] == {"kda": "cut or failed (124)"}
+    assert not (out / "packing_kda.json").exists()
+
+
+def test_a_cut_training_run_is_resumed_not_counted_as_recorded(rr, tmp_path):
+    """tools/bench.py saves a cut run's rows with empty notes: the next call resumes from them."""
+    cut = tmp_path / "call1"
+    write(cut / "train_kda" / "bench.json", {"env": env(), "size": {}, "train": {"rows": [{"op": "kda"}], "notes": []}})
+    assert rr.recorded("train", "kda", [cut]) is None
+    cmd = rr.command("train", "kda", tmp_path / "call2" / "train_kda" / "bench.json", None,
+                     [cut / "train_kda" / "bench.json"])
+    assert cmd[cmd.index("--resume") + 1] == str(cut / "train_kda" / "bench.json")
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "call2" / "train_kda")
+    write(cut / "train_kda" / "bench.json", {"env": env(), "size": {}, "train": {"rows": [], "notes": ["whole"]}})
+    assert rr.recorded("train", "kda", [cut]) == cut / "train_kda" / "bench.json"
+
+
+def test_merge_joins_the_calls_in_the_library_op_order(rr, tmp_path):
+    one, two = tmp_path / "call1", tmp_path / "call2"
+    write(one / "packing_kda.json", packing_result("kda"))
+    write(two / "packing_linear_attn.json", dict(packing_result("linear_attn"), env=env("2026-11-29")))
+    for d, op in ((one, "gla"), (two, "delta_rule")):
+        write(d / f"train_{op}" / "bench.json", {
+            "env": env(), "size": {"H": 16},
+            "train": {"rows": [{"op": op, "T": 1024}], "by_gates": {"mamba": [{"op": op, "T": 1024}]},
+                      "stages": {op: {"T": 8192}}, "notes": ["n"]}})
+    into = tmp_path / "data"
+    into.mkdir()
+    rr.merge([one, two], into, say=lambda *a: None)
+    packing = json.loads((into / "packing_gpu.json").read_text())
+    order = [op for op in bench.OPS if op in ("kda", "linear_attn")]
+    assert [r["op"] for r in packing["rows"]] == order
+    assert [c["ops"] for c in packing["calls"]] == [[op] for op in order]
+    assert {c["date"] for c in packing["calls"]} == {"2026-11-28", "2026-11-29"}
+    train = json.loads((into / "bench_train.json").read_text())["train"]
+    assert [r["op"] for r in train["rows"]] == [op for op in bench.OPS if op in ("gla", "delta_rule")]
+    assert len(train["by_gates"]["mamba"]) == 2 and set(train["stages"]) == {"gla", "delta_rule"}
+    assert not (into / "long_sequence.json").exists()                     # no call recorded it
