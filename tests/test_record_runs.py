@@ -93,3 +93,19 @@ def test_merge_joins_the_calls_in_the_library_op_order(rr, tmp_path):
     assert [r["op"] for r in train["rows"]] == [op for op in bench.OPS if op in ("gla", "delta_rule")]
     assert len(train["by_gates"]["mamba"]) == 2 and set(train["stages"]) == {"gla", "delta_rule"}
     assert not (into / "long_sequence.json").exists()                     # no call recorded it
+
+
+def test_the_forward_rows_replace_bench_json_s_and_its_chunk_sweep_keeps_its_run(rr, tmp_path):
+    call = tmp_path / "call1"
+    for op in ("kda", "gla"):
+        write(call / f"anchors_{op}" / "bench.json", {
+            "env": env("2026-11-29"), "size": {"H": 16},
+            "anchors": {"rows": [{"op": op, "T": 1024}], "by_gates": {}, "notes": ["n"], "bandwidth": 4.2e12}})
+    into = tmp_path / "data"
+    write(into / "bench.json", {"env": env("2026-11-21"), "size": {"H": 16},
+                                "anchors": {"rows": [{"op": "old"}]}, "chunks": {"rows": [{"C": 64}]}})
+    rr.merge([call], into, say=lambda *a: None)
+    merged = json.loads((into / "bench.json").read_text())
+    assert [r["op"] for r in merged["anchors"]["rows"]] == [op for op in bench.OPS if op in ("kda", "gla")]
+    assert merged["env"]["date"] == "2026-11-29" and merged["anchors"]["bandwidth"] == 4.2e12
+    assert merged["chunks"]["rows"] == [{"C": 64}] and merged["chunks"]["env"]["date"] == "2026-11-21"

@@ -84,8 +84,15 @@ def order(rows):
     rows.sort(key=lambda r: (list(bench.OPS).index(r["op"]), r["T"]))   # --T may come in any order
 
 
-def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=bench.GATE_SWEEP):
+def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=bench.GATE_SWEEP, warm=False):
     ops = [op for op in triton_ops() if not only or op in only]
+    if warm:                              # compile only: every Triton mode and FLA's call once
+        for T in Ts:
+            for op in ops:
+                for gs in gate_runs(op, gates):
+                    warm_anchor(op, T, gs, size)
+                    log(f"compiled {op} T={T} gates={gs}")
+        return {}
     bw = bench.copy_bandwidth() if torch.cuda.is_available() else None
     if bw:
         log(f"device copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
@@ -113,6 +120,18 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=b
         notes.append(f"floor: reading every input once and writing o once at the copy bandwidth measured in "
                      f"this run, {bw / 1e12:.2f} TB/s (read + write)")
     return dict(res, notes=notes, bandwidth=bw)
+
+
+def warm_anchor(op, T, gs, size):
+    """Run every Triton mode of an anchor row and FLA's call once: what a later timing run of the
+    same row compiles first (the Python levels compile nothing)."""
+    args = bench.anchor_inputs(op, T, **size, gates=gs or "normal")
+    for level in levels_for(op):
+        if level.startswith("triton"):
+            call_for(op, level, args)()
+    fla = bench.fla_call(op, args)
+    if fla:
+        fla()
 
 
 def anchor_row(op, T, gs, sd, bw, size, Ts, all_levels):
@@ -422,8 +441,8 @@ def main(argv=None):
                    help="gate distributions of the gated ops (anchors, train; default: all of "
                         "bench.GATE_SWEEP; 'normal', the mild one, fills the rows the chapters read)")
     p.add_argument("--warm", action="store_true",
-                   help="train: only run every call once (compile), time and write nothing; run one process "
-                        "per op in parallel before the timing run")
+                   help="anchors, train: only run every call once (compile), time and write nothing; run one "
+                        "process per op in parallel before the timing run")
     p.add_argument("--resume", nargs="*", default=[], metavar="DIR",
                    help="train: keep the rows these runs' bench.json already hold and time only the others")
     a = p.parse_args(argv)
@@ -438,6 +457,9 @@ def main(argv=None):
     def log(msg):
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
+    if a.warm and a.suite == "anchors":     # compile only: nothing timed, nothing written
+        suite_anchors(a.T, log, size, only=a.ops, gates=a.gates, warm=True)
+        return
     res = {"env": bench.environment(), "size": {n: x for n, x in size.items() if n != "device"}}
     if a.suite in ("anchors", "all"):
         def partial(anchors):

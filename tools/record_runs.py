@@ -13,13 +13,15 @@ suite keeps its rows one by one (`tools/bench.py --resume`). Nothing starts afte
 what runs is stopped then.
 
 suites (the per-op files in DIR):
+    anchors  tools/bench.py --suite anchors (forward, every gate distribution)   anchors_OP/bench.json
     train    tools/bench.py --suite train (every gate distribution)   train_OP/bench.json
     packing  tools/bench_packing.py                                   packing_OP.json
     long     tools/bench_long.py                                      long_OP.json
 
 --merge joins the per-op files of the calls, in the library's op order, into the files the chapters
-read: bench_train.json, packing_gpu.json, long_sequence.json. Each keeps the first file's
-environment and lists every file's under "calls"."""
+read: bench.json (its forward rows; the chunk sweep already there keeps its own run's environment),
+bench_train.json, packing_gpu.json, long_sequence.json. Each takes the first file's environment and
+lists every file's under "calls"."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from linattn import bench  # noqa: E402
 
 SUITES = {   # suite: (script, file of one op's result in the output directory, the recorded file)
+    "anchors": ("tools/bench.py", "anchors_{op}/bench.json", "bench.json"),
     "train": ("tools/bench.py", "train_{op}/bench.json", "bench_train.json"),
     "packing": ("tools/bench_packing.py", "packing_{op}.json", "packing_gpu.json"),
     "long": ("tools/bench_long.py", "long_{op}.json", "long_sequence.json"),
@@ -44,8 +47,8 @@ SUITES = {   # suite: (script, file of one op's result in the output directory, 
 def command(suite: str, op: str, out: Path | None, size: str | None, resume=()) -> list:
     """The suite's command line for one op: compile only (out None), else time into out."""
     script = [sys.executable, str(ROOT / SUITES[suite][0])]
-    if suite == "train":
-        cmd = script + ["--suite", "train", "--ops", op]
+    if suite in ("anchors", "train"):
+        cmd = script + ["--suite", suite, "--ops", op]
         if size == "small":
             cmd += ["--tokens", "256", "--heads", "2", "--dim", "32", "--T", "64", "128"]
         if out is None:
@@ -59,8 +62,8 @@ def recorded(suite: str, op: str, dirs) -> Path | None:
     """The first directory's result of this op, if a call recorded it whole."""
     for d in dirs:
         path = Path(d) / SUITES[suite][1].format(op=op)
-        # a cut training run has saved its rows so far with empty notes; a whole one has its notes
-        if path.exists() and (suite != "train" or bench.load_json(path).get("train", {}).get("notes")):
+        # tools/bench.py saves a cut run's rows so far with empty notes; a whole one has its notes
+        if path.exists() and (suite not in ("anchors", "train") or bench.load_json(path).get(suite, {}).get("notes")):
             return path
     return None
 
@@ -109,14 +112,22 @@ def merge(dirs, into: Path, say=print) -> list:
         results = [(op, bench.load_json(path)) for op, path in parts]
         first = results[0][1]
         calls = [dict(r["env"], ops=[op]) for op, r in results]
-        if suite == "train":
-            train = {"rows": [], "by_gates": {}, "stages": {}, "notes": first["train"]["notes"]}
+        if suite in ("anchors", "train"):
+            part = dict(first[suite], rows=[], by_gates={}, stages={})
             for _, r in results:
-                train["rows"] += r["train"]["rows"]
-                for gates, rows in r["train"].get("by_gates", {}).items():
-                    train["by_gates"].setdefault(gates, []).extend(rows)
-                train["stages"].update(r["train"].get("stages", {}))
-            merged = {"env": first["env"], "size": first["size"], "train": train, "calls": calls}
+                part["rows"] += r[suite]["rows"]
+                for gates, rows in r[suite].get("by_gates", {}).items():
+                    part["by_gates"].setdefault(gates, []).extend(rows)
+                part["stages"].update(r[suite].get("stages", {}))
+            if suite == "anchors":
+                del part["stages"]
+            merged = {"env": first["env"], "size": first["size"], suite: part, "calls": calls}
+            if suite == "anchors" and (into / name).exists():
+                # bench.json also holds the chunk sweep of an earlier run: it keeps that run's environment
+                old = bench.load_json(into / name)
+                merged.update({k: v for k, v in old.items() if k not in merged and k != "calls"})
+                if "chunks" in old:
+                    merged["chunks"] = dict(old["chunks"], env=old["chunks"].get("env", old["env"]))
         else:
             merged = dict(first, rows=[row for _, r in results for row in r["rows"]], calls=calls,
                           command=f"python tools/record_runs.py --suites {suite} (one process per op, "
@@ -131,7 +142,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path)
     p.add_argument("--resume", nargs="*", default=[], type=Path, metavar="DIR")
-    p.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=list(SUITES))
+    p.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=["train", "packing", "long", "anchors"])
     p.add_argument("--ops", nargs="+", choices=sorted(bench.OPS), default=None)
     p.add_argument("--seconds", type=float, default=540, help="start nothing after this; stop what runs")
     p.add_argument("--jobs", type=int, default=8, help="compiling processes at once")
