@@ -1,6 +1,7 @@
 """tools/profile_ops.py's --launch overrides on the CPU (the profile itself needs CUDA): a named
 kernel's launches through common.launch get the argument, every linattn.triton module's `launch`
-is rerouted, and a misspelt kernel or an argument the kernel is not launched with stops the run."""
+is rerouted, and a misspelt kernel or an argument the kernel is not launched with stops the run;
+--packed profiles the packing benchmark's own calls."""
 import sys
 from pathlib import Path
 
@@ -54,3 +55,23 @@ def test_a_wrong_name_or_argument_stops_the_run():
     profile_ops.set_launch("_dqk_kernl.num_warps=4")                           # misspelt: never launched
     with pytest.raises(SystemExit, match="_dqk_kernl.num_warps"):
         profile_ops.check_launch_overrides()
+
+
+def test_packed_profiles_the_packing_benchmark_s_own_calls(monkeypatch, capsys):
+    """--packed times the callables tools/bench_packing.py times, layout by layout, FLA left out
+    with --no-fla, and a layout without a call (FLA absent) skipped."""
+    from linattn import bench_packing
+    made = []
+
+    def callables(op, mode, cfg, dev):
+        made.append((op, mode, cfg["lengths"]))
+        return {"packed": lambda: "p", "longest": lambda: "l", "equal": lambda: "e", "fla": lambda: "f",
+                "padded": None}
+    monkeypatch.setattr(bench_packing, "callables", callables)
+    monkeypatch.setattr(profile_ops, "kernel_times", lambda fn, calls: {f"_{fn()}_kernel": 0.5})
+    monkeypatch.setattr(profile_ops.torch.cuda, "empty_cache", lambda: None)
+    profile_ops.profile_packed(["delta_rule"], ["packed", "longest", "padded", "fla"], True, 3, no_fla=True)
+    assert made == [("delta_rule", "train", bench_packing.SIZES["full"]["lengths"])]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["delta_rule packed forward + backward: 0.500 ms = _p_kernel 0.500",
+                     "delta_rule longest forward + backward: 0.500 ms = _l_kernel 0.500"]

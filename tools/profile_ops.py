@@ -3,6 +3,7 @@
     python tools/profile_ops.py [--T 1024 32768] [--ops gla kda ...] [--calls 10] [--train]
                                 [--tuning MODULE.KEY=N ...] [--launch KERNEL.ARG=N ...]
                                 [--gates normal|logsigmoid|mamba] [--no-fla]
+    python tools/profile_ops.py --packed [packed longest equal …] [--ops …] [--train]
 
 For each op and T, runs each implementation `calls` times under torch.profiler after a warm-up
 and prints the mean GPU time per call of every kernel it launched, longest first. This is the
@@ -14,7 +15,11 @@ another one. --launch overrides one keyword argument of every launch of a kernel
 `common.launch` (num_warps, max_stages or a block constexpr such as BV), e.g.
 `--launch _dqk_kernel.num_warps=8 _dqk_kernel.max_stages=3 _dv_kernel.num_warps=8`; a named kernel
 that never launches through it, or an argument it is not given, stops the run. --gates picks the
-gated ops' log-gates (`bench.GATE_SWEEP`; a kernel's fast path may hold only for mild ones). Needs CUDA.
+gated ops' log-gates (`bench.GATE_SWEEP`; a kernel's fast path may hold only for mild ones).
+--packed profiles the layouts of `tools/bench_packing.py` instead of --T (the same calls on the same
+inputs: one row of eight documents with cu_seqlens, the same tokens as rows of the longest document,
+as eight equal rows, …; default: packed, longest, equal), to see which kernel a packed row loses
+in. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -110,6 +115,30 @@ def check_launch_overrides():
         raise SystemExit(f"--launch {' '.join(missing)}: no launch of that kernel went through common.launch")
 
 
+def report(label: str, fn, calls: int) -> None:
+    """One line: the call's GPU time and its kernels', longest first (errors reported, not raised)."""
+    try:
+        t = kernel_times(fn, calls)
+    except Exception as exc:  # report and go on
+        print(f"{label}: {type(exc).__name__}: {exc}"[:300], flush=True)
+        return
+    print(f"{label}: {sum(t.values()):.3f} ms = " + " + ".join(f"{k} {v:.3f}" for k, v in t.items() if v > 0.002),
+          flush=True)
+
+
+def profile_packed(ops, layouts, train: bool, calls: int, no_fla: bool) -> None:
+    """Kernel times of bench_packing's layouts (its full size), op by op."""
+    from linattn import bench_packing
+
+    for op in ops:
+        made = bench_packing.callables(op, "train" if train else "forward", bench_packing.SIZES["full"], "cuda")
+        for layout in layouts:
+            if made.get(layout) is not None and not (no_fla and layout == "fla"):
+                report(f"{op} {layout} {'forward + backward' if train else 'forward'}", made[layout], calls)
+        del made
+        torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[1024, 32768])
@@ -121,12 +150,22 @@ def main():
     p.add_argument("--gates", choices=bench.GATE_SWEEP, default="normal",
                    help="the gated ops' log-gate distribution (bench.GATE_SWEEP)")
     p.add_argument("--no-fla", action="store_true", help="ours only (FLA's autotuning compiles for minutes)")
+    p.add_argument("--packed", nargs="*", default=None, metavar="LAYOUT",
+                   help="instead of --T: tools/bench_packing.py's layouts (default: packed longest equal)")
     a = p.parse_args()
+    if a.packed is not None:
+        from linattn.bench_packing import LAYOUTS
+        if bad := [x for x in a.packed if x not in LAYOUTS]:
+            p.error(f"--packed: {bad} not among {list(LAYOUTS)}")
     for item in a.tuning:
         set_tuning(item)
     for item in a.launch:
         set_launch(item)
     install_launch_overrides()
+    if a.packed is not None:
+        profile_packed(a.ops, a.packed or ["packed", "longest", "equal"], a.train, a.calls, a.no_fla)
+        check_launch_overrides()
+        return
     for T in a.T:
         for op in a.ops:
             args = bench.anchor_inputs(op, T, gates=a.gates)
@@ -138,16 +177,8 @@ def main():
                 impls = {"ours": bench.library_call(op, "triton", args),
                          "fla": None if a.no_fla else bench.fla_call(op, args)}
             for name, fn in impls.items():
-                if fn is None:
-                    continue
-                try:
-                    t = kernel_times(fn, a.calls)
-                except Exception as exc:  # report and go on
-                    print(f"T={T} {op} {name}: {type(exc).__name__}: {exc}"[:300], flush=True)
-                    continue
-                total = sum(t.values())
-                print(f"T={T} {op} {name} gates={a.gates}: {total:.3f} ms = " +
-                      " + ".join(f"{k} {v:.3f}" for k, v in t.items() if v > 0.002), flush=True)
+                if fn is not None:
+                    report(f"T={T} {op} {name} gates={a.gates}", fn, a.calls)
             del args
             torch.cuda.empty_cache()
     check_launch_overrides()
