@@ -37,8 +37,8 @@ _RECORDS = []                     # the launches to compile (forked workers inhe
 
 
 def mqar_offline(models, workers: int) -> tuple:
-    """({model: [(kernel, seconds) of each distinct launch it makes]}, seconds of all the models'
-    distinct launches together), compiled offline for sm_90 (module doc)."""
+    """({model: [(kernel, seconds) of each distinct launch it makes]}, the number of distinct launches
+    of all the models together, and their seconds), compiled offline for sm_90 (module doc)."""
     import os
     import tempfile
 
@@ -79,7 +79,8 @@ def mqar_offline(models, workers: int) -> tuple:
     _RECORDS[:] = list(distinct.values())
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         seconds = dict(zip(distinct, pool.map(_compile_for_h200, range(len(_RECORDS)))))
-    return {model: [(k[0], seconds[k]) for k in by] for model, by in launches.items()}, sum(seconds.values())
+    return ({model: [(k[0], seconds[k]) for k in by] for model, by in launches.items()}, len(seconds),
+            sum(seconds.values()))
 
 
 def _variant(r) -> tuple:
@@ -108,11 +109,12 @@ def main(argv=None) -> int:
         ap.add_argument("models", nargs="*", default=MQAR_MODELS, metavar="MIXER:HEADS")
         ap.add_argument("--workers", type=int, default=2)
         a = ap.parse_args(argv[1:])
-        by_model, together = mqar_offline(a.models, a.workers)
+        by_model, distinct, together = mqar_offline(a.models, a.workers)
         for model, kernels in by_model.items():
             print(json.dumps(dict(model=model, kernels=len(kernels), seconds=round(sum(s for _, s in kernels), 1),
                                   slowest=sorted(kernels, key=lambda ks: -ks[1])[:2])), flush=True)
-        print(json.dumps(dict(models=len(by_model), seconds_one_after_another=round(together, 1))))
+        print(json.dumps(dict(models=len(by_model), distinct_launches=distinct,
+                              seconds_one_after_another=round(together, 1))))
         return 0
     import torch
 
