@@ -2,23 +2,13 @@
 replaced by a stub here (the suites themselves have their own tests); what is checked is the order
 (every op compiles before any is timed), resuming from earlier calls, the deadline, and the merge
 into the files the chapters read."""
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
-import pytest
-
-from linattn import bench
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def rr():
-    spec = importlib.util.spec_from_file_location("record_runs", ROOT / "tools" / "record_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import record_runs as rr  # noqa: E402
+from linattn import bench  # noqa: E402
 
 
 def env(date="2026-11-28"):
@@ -34,7 +24,7 @@ def packing_result(op):
     return {"env": env(), "size": "full", "setting": {"H": 16}, "rows": [{"op": op, "mode": "forward", "packed": 1.0}]}
 
 
-def test_every_op_compiles_before_any_is_timed_and_recorded_ops_are_skipped(rr, tmp_path, monkeypatch):
+def test_every_op_compiles_before_any_is_timed_and_recorded_ops_are_skipped(tmp_path, monkeypatch):
     calls = []
 
     def fake_run(cmd, deadline, log):
@@ -52,14 +42,14 @@ def test_every_op_compiles_before_any_is_timed_and_recorded_ops_are_skipped(rr, 
     assert calls[2:] == [("time", "delta_rule"), ("time", "kda")]          # timed after all compiled
 
 
-def test_nothing_starts_after_the_deadline(rr, tmp_path):
+def test_nothing_starts_after_the_deadline(tmp_path):
     out = tmp_path / "call"
     status = rr.record(["packing"], out, [], 0, 2, "small", ops=["kda"], say=lambda *a: None)
     assert status["packing"] == {"kda": "cut or failed (124)"}
     assert not (out / "packing_kda.json").exists()
 
 
-def test_a_cut_training_run_is_resumed_not_counted_as_recorded(rr, tmp_path):
+def test_a_cut_training_run_is_resumed_not_counted_as_recorded(tmp_path):
     """tools/bench.py saves a cut run's rows with empty notes: the next call resumes from them."""
     cut = tmp_path / "call1"
     write(cut / "train_kda" / "bench.json", {"env": env(), "size": {}, "train": {"rows": [{"op": "kda"}], "notes": []}})
@@ -68,11 +58,14 @@ def test_a_cut_training_run_is_resumed_not_counted_as_recorded(rr, tmp_path):
                      [cut / "train_kda" / "bench.json"])
     assert cmd[cmd.index("--resume") + 1] == str(cut / "train_kda" / "bench.json")
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "call2" / "train_kda")
+    forward = rr.command("anchors", "kda", tmp_path / "call2" / "anchors_kda" / "bench.json", None,
+                         [cut / "anchors_kda" / "bench.json"])
+    assert "--resume" not in forward                                   # the forward suite times an op whole
     write(cut / "train_kda" / "bench.json", {"env": env(), "size": {}, "train": {"rows": [], "notes": ["whole"]}})
     assert rr.recorded("train", "kda", [cut]) == cut / "train_kda" / "bench.json"
 
 
-def test_merge_joins_the_calls_in_the_library_op_order(rr, tmp_path):
+def test_merge_joins_the_calls_in_the_library_op_order(tmp_path):
     one, two = tmp_path / "call1", tmp_path / "call2"
     write(one / "packing_kda.json", packing_result("kda"))
     write(two / "packing_linear_attn.json", dict(packing_result("linear_attn"), env=env("2026-11-29")))
@@ -95,7 +88,7 @@ def test_merge_joins_the_calls_in_the_library_op_order(rr, tmp_path):
     assert not (into / "long_sequence.json").exists()                     # no call recorded it
 
 
-def test_the_forward_rows_replace_bench_json_s_and_its_chunk_sweep_keeps_its_run(rr, tmp_path):
+def test_the_forward_rows_replace_bench_json_s_and_its_chunk_sweep_keeps_its_run(tmp_path):
     call = tmp_path / "call1"
     for op in ("kda", "gla"):
         write(call / f"anchors_{op}" / "bench.json", {
@@ -108,4 +101,5 @@ def test_the_forward_rows_replace_bench_json_s_and_its_chunk_sweep_keeps_its_run
     merged = json.loads((into / "bench.json").read_text())
     assert [r["op"] for r in merged["anchors"]["rows"]] == [op for op in bench.OPS if op in ("kda", "gla")]
     assert merged["env"]["date"] == "2026-11-29" and merged["anchors"]["bandwidth"] == 4.2e12
+    assert "stages" not in merged["anchors"]                           # backward stages: training only
     assert merged["chunks"]["rows"] == [{"C": 64}] and merged["chunks"]["env"]["date"] == "2026-11-21"

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from linattn import bench  # noqa: E402
+from linattn import bench, bench_packing  # noqa: E402
 from linattn.dispatch import level_fn  # noqa: E402
 
 
@@ -128,8 +128,6 @@ def report(label: str, fn, calls: int) -> None:
 
 def profile_packed(ops, layouts, train: bool, calls: int, no_fla: bool) -> None:
     """Kernel times of bench_packing's layouts (its full size), op by op."""
-    from linattn import bench_packing
-
     for op in ops:
         made = bench_packing.callables(op, "train" if train else "forward", bench_packing.SIZES["full"], "cuda")
         for layout in layouts:
@@ -150,13 +148,9 @@ def main():
     p.add_argument("--gates", choices=bench.GATE_SWEEP, default="normal",
                    help="the gated ops' log-gate distribution (bench.GATE_SWEEP)")
     p.add_argument("--no-fla", action="store_true", help="ours only (FLA's autotuning compiles for minutes)")
-    p.add_argument("--packed", nargs="*", default=None, metavar="LAYOUT",
+    p.add_argument("--packed", nargs="*", default=None, choices=bench_packing.LAYOUTS, metavar="LAYOUT",
                    help="instead of --T: tools/bench_packing.py's layouts (default: packed longest equal)")
     a = p.parse_args()
-    if a.packed is not None:
-        from linattn.bench_packing import LAYOUTS
-        if bad := [x for x in a.packed if x not in LAYOUTS]:
-            p.error(f"--packed: {bad} not among {list(LAYOUTS)}")
     for item in a.tuning:
         set_tuning(item)
     for item in a.launch:

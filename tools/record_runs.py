@@ -53,7 +53,9 @@ def command(suite: str, op: str, out: Path | None, size: str | None, resume=()) 
             cmd += ["--tokens", "256", "--heads", "2", "--dim", "32", "--T", "64", "128"]
         if out is None:
             return cmd + ["--warm"]
-        return cmd + ["--out", str(out.parent)] + (["--resume", *map(str, resume)] if resume else [])
+        # the training suite keeps a cut run's rows (its --resume); the forward suite times an op whole
+        keep = ["--resume", *map(str, resume)] if suite == "train" and resume else []
+        return cmd + ["--out", str(out.parent)] + keep
     cmd = script + ["--only", op] + (["--size", size] if size else [])
     return cmd + (["--warm"] if out is None else ["--out", str(out)])
 
@@ -105,7 +107,7 @@ def record(suites, out: Path, resume, seconds: float, jobs: int, size, ops=None,
 def merge(dirs, into: Path, say=print) -> list:
     """Join the per-op results of `dirs` (earliest call first) into the chapters' files in `into`."""
     written = []
-    for suite, (_, pattern, name) in SUITES.items():
+    for suite, (_, _, name) in SUITES.items():
         parts = [(op, path) for op in bench.OPS if (path := recorded(suite, op, dirs)) is not None]
         if not parts:
             continue
@@ -113,14 +115,13 @@ def merge(dirs, into: Path, say=print) -> list:
         first = results[0][1]
         calls = [dict(r["env"], ops=[op]) for op, r in results]
         if suite in ("anchors", "train"):
-            part = dict(first[suite], rows=[], by_gates={}, stages={})
+            part = dict(first[suite], rows=[], by_gates={})          # notes, bandwidth: the first call's
             for _, r in results:
                 part["rows"] += r[suite]["rows"]
                 for gates, rows in r[suite].get("by_gates", {}).items():
                     part["by_gates"].setdefault(gates, []).extend(rows)
-                part["stages"].update(r[suite].get("stages", {}))
-            if suite == "anchors":
-                del part["stages"]
+            if suite == "train":                                       # each op's backward stages
+                part["stages"] = {op: ms for _, r in results for op, ms in r[suite].get("stages", {}).items()}
             merged = {"env": first["env"], "size": first["size"], suite: part, "calls": calls}
             if suite == "anchors" and (into / name).exists():
                 # bench.json also holds the chunk sweep of an earlier run: it keeps that run's environment
