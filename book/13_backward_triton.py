@@ -975,9 +975,9 @@ for n in ("q", "k", "g", "beta"):
 # %% [markdown]
 # Float32 inputs keep the separate kernel: their products run as three tf32 products each, and the
 # per-chunk kernel has no registers to spare for them (compiled for an H100/H200 on a CPU, at
-# $K = V = 128$ and chunk 64 it spills 3.3–4.1 KB per thread as it is and 5.0–7.0 KB fused). So do 256-wide key tiles (the per-chunk
-# kernel's V-blocks are narrow there) and KDA, whose per-dimension gates need the split and the
-# block references above.
+# $K = V = 128$ and chunk 64 it spills 3.3–4.1 KB per thread as it is and 5.0–7.0 KB fused). So do
+# 256-wide key tiles (the per-chunk kernel's V-blocks are narrow there) and KDA, whose
+# per-dimension gates need the split and the block references above.
 
 # %% [markdown]
 # Each against the chunk level's backward (`linattn.chunk`, its own `autograd.Function`), and both
