@@ -367,10 +367,11 @@ assert PAIRS >= head_k
 
 # %% [markdown]
 # On a GPU each layer's first step compiles its Triton kernels, and one model after another that
-# is minutes of waiting. The kernels depend on the head dims, the dtype and the layer's options, not
-# on the batch or the sequence length, so one step of each model compiles all of them: `mqar.warm_up`
-# runs that step for every model at once, each in a process of its own (compiling is CPU-bound, and a
-# GPU machine has many cores), and the training below finds every kernel in Triton's on-disk cache.
+# is minutes of waiting. The kernels depend on the head dims, the dtype, the layer's options and
+# (through the blocks a launch picks) the batch size, not on the sequence length, so one step of
+# each model at the training's batch size compiles all of them: `mqar.warm_up` runs that step for
+# every model at once, each in a process of its own (compiling is CPU-bound, and a GPU machine has
+# many cores), and the training below finds every kernel in Triton's on-disk cache.
 # Each line is one model's cold compile; the last, the wait for all of them. On a CPU the layers run
 # the chunk level in PyTorch, and there is nothing to compile.
 
