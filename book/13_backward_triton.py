@@ -834,6 +834,17 @@ def family_summary(rec):
     return out
 
 
+def gate_summary(rec):
+    """Per (op, gate distribution) other than the mild gates: the range of ours/FLA over the lengths."""
+    out = {}
+    for gates, rows in rec["train"].get("by_gates", {}).items():
+        for op in sorted({r["op"] for r in rows}):
+            rs = [r["ratio_fla"] for r in rows if r["op"] == op and r.get("ratio_fla")]
+            if rs:
+                out[op, gates] = (min(rs), max(rs))
+    return out
+
+
 if rec is None:
     print("No recorded GPU run of the training benchmark yet (book/data/bench_train.json).")
 else:
@@ -842,26 +853,37 @@ else:
     fam = family_summary(rec)
     for op, (lo, hi, mem) in fam.items():
         print(f"{op:18s} ours/FLA time {lo:.2f}–{hi:.2f}, peak memory ours/FLA {mem:.2f}")
+    strong = gate_summary(rec)
+    for (op, gates), (lo, hi) in strong.items():
+        print(f"{op:18s} with {gates} gates: ours/FLA time {lo:.2f}–{hi:.2f}")
     # what the text below says, read from the recorded run
-    assert fam["gla"][1] < 1 and fam["kda"][1] < 1
-    assert fam["linear_attn"][1] > 1 and fam["delta_rule"][0] > 1
-    assert fam["kda"][2] < 1 < fam["linear_attn"][2] < fam["delta_rule"][2] and abs(fam["gla"][2] - 1) < 0.05
+    assert fam["gla"][1] < 1 and fam["kda"][1] < 1.01 and fam["linear_attn"][0] < 1 < fam["delta_rule"][0]
+    assert max(m for _, _, m in fam.values()) < 1.05 and fam["kda"][2] < 1 and fam["linear_attn"][2] < 1
+    assert min(lo for (op, _), (lo, _) in strong.items() if op == "kda") > 1.5
+    assert max(hi for (op, _), (_, hi) in strong.items() if op == "gla") < 1
 
 # %% [markdown]
-# Read it by family, with the last printout's ratios (below 1: ours faster or smaller). KDA trains
-# faster than FLA at every length, and GLA with per-dimension gates a little faster than FLA's
-# `chunk_gla`, although it pays for the precision rules of §12 (float32 states, tf32 products of
-# computed operands, a near-float32 $P^\top dO$) that bring its gate gradient level with FLA's. What
-# paid for them is launches: the sequential passes that write float32 states, and `_dqk_kernel` and
-# `_dv_kernel`, run with the block shapes, warps and pipeline stages that were fastest when timed
-# natively (`gated_backward.state_launches`, `dqk_launch`, `dv_warps`; `docs/performance.md` has the
-# tables, kernel by kernel beside FLA's). Linear attention is about level with FLA at the longest
-# sequences and slower at the shorter ones, DeltaNet slower everywhere (§9 shows where: the per-chunk gradients through the WY
-# transform and the reverse pass). GLA's forward + backward costs about the same at every length
-# (the work per token is fixed), while SDPA's grows with $T$, so the lines cross where the figure's
-# printout says. GLA holds as much memory as FLA (both keep float32 states for the backward), KDA
-# less; linear attention a little more, DeltaNet more still (it keeps the chunks' C×C matrices for
-# the backward).
+# Read it by family, with the last printout's ratios (below 1: ours faster or smaller). The table
+# is the benchmark's mild gates, $\log\sigma(x)/16$. With them KDA trains at or below FLA's time at
+# every length, and GLA with per-dimension gates a little faster than FLA's `chunk_gla`, although it
+# pays for the precision rules of §12 (float32 states, tf32 products of computed operands, a
+# near-float32 $P^\top dO$) that bring its gate gradient level with FLA's. What paid for them is
+# launches: the sequential passes that write float32 states, and `_dqk_kernel` and `_dv_kernel`, run
+# with the block shapes, warps and pipeline stages that were fastest when timed natively
+# (`gated_backward.state_launches`, `dqk_launch`, `dv_warps`; `docs/performance.md` has the tables,
+# kernel by kernel beside FLA's). Linear attention is a little faster than FLA at most lengths,
+# DeltaNet slower everywhere (§9 shows where: the per-chunk gradients through the WY transform).
+# GLA's forward + backward costs about the same at every length (the work per token is fixed), while
+# SDPA's grows with $T$, so the lines cross where the figure's printout says. GLA holds as much
+# memory as FLA (both keep float32 states for the backward), the others less.
+#
+# The last lines are the gates models produce: $\log\sigma(x)$ without the damping, and KDA's own
+# initialisation (Mamba-2's, $-e^{A_{\log}}\,\mathrm{softplus}(x + \Delta)$), whose 64-token
+# chunks decay by $e^{-74}$ to $e^{-246}$. GLA's time does not move with them, nor does FLA's; KDA's
+# roughly doubles. Past the split's bound (chapter 11: $e^{G_i}\cdot e^{-G_j}$ with both factors in
+# float32's range) the forward redoes such chunks in its exact kernel, and the gate kernel of §11
+# moves its reference point to every 16-row block. A benchmark with mild gates alone would have
+# called KDA faster than FLA; with the gates of a real layer it is not.
 
 # %% [markdown]
 # ## 11. The delta rules' backward kernels

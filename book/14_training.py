@@ -723,7 +723,8 @@ else:
 #
 # These models are small; at language-model size the time of a step is the time of the operations'
 # forward and backward. `tools/bench.py --suite train` records it (chapter 13 reads the whole
-# record); for the operations of this chapter's layers, at the recorded setting:
+# record, with the gates real layers produce beside the mild ones); for the operations of this
+# chapter's layers, at the recorded setting with mild gates:
 
 # %%
 train_rec = bench.recorded_run("bench_train.json")

@@ -581,14 +581,16 @@ plt.tight_layout(); plt.show()
 #   gain and the library keeps one walk (`docs/performance.md`).
 #
 # Against flash-linear-attention's packed path (its last printed line; a ratio below 1 means ours
-# is faster) the forwards are ahead or level. Forward + backward does not simply follow the
-# unpacked training benchmark (`book/data/bench_train.json`, recorded a day later on the same kind
-# of GPU): packed, linear attention's step is ahead of FLA's packed path where unpacked it was
-# 1.01–1.19× FLA's, and DeltaNet's takes about twice FLA's time where unpacked it took 1.2–1.3×.
-# Our own rows of the longest document cost about what the packed row costs, so the boundaries are
-# not where DeltaNet loses; where its packed backward does lose is not yet traced kernel by kernel
-# (`docs/packed_sequences.md` has the measurements). FLA 0.6.0 refuses its own backward for per-head gates on this
-# toolchain, so those rows have no FLA time.
+# is faster) the forwards of linear attention, both GLAs and DeltaNet are ahead, KDA's and Gated
+# DeltaNet's a few per cent behind. Forward + backward follows the unpacked training benchmark
+# (`book/data/bench_train.json`, recorded the same day on the same kind of GPU) only roughly:
+# linear attention is ahead of FLA packed and ahead or level unpacked, KDA level packed and a
+# little ahead unpacked; GLA, a little ahead unpacked, falls behind packed, and DeltaNet, about
+# 1.25× FLA's time unpacked, takes 1.6× packed. Those two pay
+# most for the boundaries (the rows of the longest document run the same kernels about a fifth
+# faster), and where inside their backward that goes is not yet traced kernel by kernel
+# (`docs/packed_sequences.md` has the measurements). FLA 0.6.0 refuses its own backward for
+# per-head gates on this toolchain, so those rows have no FLA time.
 #
 # ## 5. The short convolution must not leak either
 #
