@@ -5,7 +5,8 @@
 Each py:percent chapter is converted to a notebook (its Colab cell configured from
 [tool.linattn] in pyproject.toml, see tools/colab.py), executed in a fresh kernel from book/ (as a
 reader's Jupyter would), and saved with its outputs and figures to _build/book/<name>.ipynb.
-Stops with a non-zero exit if any chapter fails.
+Stops with a non-zero exit if any chapter fails; a chapter that fails or is interrupted is saved as
+_build/book/<name>.failed.ipynb, with the outputs of the cells that ran.
 """
 from __future__ import annotations
 
@@ -38,9 +39,18 @@ def execute(path: Path) -> float:
     # Configured, not passed in as km=, so that the client owns the kernel and shuts it down.
     with tempfile.TemporaryDirectory(prefix="linattn-kernel-") as sockets:
         ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
-        nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", config=ipc,
-                                resources={"metadata": {"path": str(path.parent)}}).execute()
-    OUT.mkdir(parents=True, exist_ok=True)
+        client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", config=ipc,
+                                         resources={"metadata": {"path": str(path.parent)}})
+        OUT.mkdir(parents=True, exist_ok=True)
+        failed = OUT / (path.stem + ".failed.ipynb")
+        try:
+            client.execute()
+        except BaseException:
+            # the cells that ran keep their outputs (a chapter stopped by a time limit still shows
+            # what its cells printed up to there); the site and the checks read only <name>.ipynb
+            jupytext.write(nb, str(failed), fmt="ipynb")
+            raise
+    failed.unlink(missing_ok=True)
     jupytext.write(nb, str(OUT / (path.stem + ".ipynb")), fmt="ipynb")
     return time.perf_counter() - t0
 
@@ -54,7 +64,8 @@ def main(args) -> int:
             print(f"  ok    {path.name:<40} {dt:6.1f} s")
         except Exception as e:  # noqa: BLE001  (report every chapter, then fail)
             failed.append(path.name)
-            print(f"  FAIL  {path.name:<40} {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+            print(f"  FAIL  {path.name:<40} {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+                  f" (the cells that ran: {OUT / (path.stem + '.failed.ipynb')})")
     print(f"executed notebooks in {OUT}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
