@@ -883,7 +883,41 @@ else:
 # roughly doubles. Past the split's bound (chapter 11: $e^{G_i}\cdot e^{-G_j}$ with both factors in
 # float32's range) the forward redoes such chunks in its exact kernel, and the gate kernel of §11
 # moves its reference point to every 16-row block. A benchmark with mild gates alone would have
-# called KDA faster than FLA; with the gates of a real layer it is not.
+# called KDA faster than FLA; with the gates of a real layer it is not. The figure draws the same
+# record: each gated operation with FLA beside it, one line per gate distribution.
+
+# %%
+def by_gates(rec, op, key):
+    """{gate distribution: [ms at each T]} of one op's recorded forward + backward (key: triton or fla)."""
+    sets = {"mild": rec["train"]["rows"], **rec["train"].get("by_gates", {})}
+    out = {}
+    for gates, rows in sets.items():
+        rs = sorted((r for r in rows if r["op"] == op), key=lambda r: r["T"])
+        if rs:
+            out[gates] = ([r["T"] for r in rs], [r.get(key) for r in rs])
+    return out
+
+
+if rec is not None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, op, name in zip(axes, ("gla", "kda"), ("GLA", "KDA")):
+        for (gates, (Tx, ms)), colour in zip(by_gates(rec, op, "triton").items(), ("C0", "C1", "C2")):
+            ax.plot(Tx, ms, marker="o", color=colour, label=f"ours, {gates} gates")
+            _, fla_ms = by_gates(rec, op, "fla")[gates]
+            ax.plot(Tx, fla_ms, ls="--", marker="s", mfc="none", color=colour, label=f"FLA, {gates} gates")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.set_ylim(0, None)
+        ax.set(xlabel="sequence length T (32768 tokens per call)", ylabel="ms, forward + backward",
+               title=f"{name}: time by gate distribution")
+        ax.legend(fontsize=7, ncol=2, loc="lower right")            # below the lines: nothing there
+    fig.suptitle(bench.run_label(rec["env"]), fontsize=9)
+    fig.tight_layout()
+    plt.show()
+    kda_ratio = {g: max(o / f for o, f in zip(by_gates(rec, "kda", "triton")[g][1], by_gates(rec, "kda", "fla")[g][1]))
+                 for g in by_gates(rec, "kda", "triton")}
+    print("KDA, largest ours/FLA by gate distribution:", ", ".join(f"{g} {r:.2f}" for g, r in kda_ratio.items()))
 
 # %% [markdown]
 # ## 11. The delta rules' backward kernels
