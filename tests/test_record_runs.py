@@ -60,7 +60,9 @@ def test_a_cut_training_run_is_resumed_not_counted_as_recorded(tmp_path):
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "call2" / "train_kda")
     forward = rr.command("anchors", "kda", tmp_path / "call2" / "anchors_kda" / "bench.json", None,
                          [cut / "anchors_kda" / "bench.json"])
-    assert "--resume" not in forward                                   # the forward suite times an op whole
+    assert forward[forward.index("--resume") + 1] == str(cut / "anchors_kda" / "bench.json")   # keeps rows too
+    warm = rr.command("anchors", "kda", None, None, [cut / "anchors_kda" / "bench.json"])
+    assert "--warm" in warm and "--resume" in warm and "--out" not in warm      # compiles only the rest
     write(cut / "train_kda" / "bench.json", {"env": env(), "size": {}, "train": {"rows": [], "notes": ["whole"]}})
     assert rr.recorded("train", "kda", [cut]) == cut / "train_kda" / "bench.json"
 

@@ -302,6 +302,28 @@ def test_train_benchmark_resumes_a_cut_run(tmp_path, monkeypatch):
     assert tool.suite_train([16], lambda msg: None, size, only=["linear_attn"], warm=True) == {"rows": [], "by_gates": {}}
 
 
+def test_forward_benchmark_resumes_a_cut_run(tmp_path, monkeypatch):
+    # the same for the forward suite (tools/bench.py --suite anchors --resume): a saved row is kept
+    # as it is and not timed or compiled again, the SDPA anchor of a length with nothing left to time
+    # is not measured either
+    from linattn import bench
+
+    tool, size = bench_tool(), TOY
+    first = tool.suite_anchors([32], lambda msg: None, size, only=["linear_attn"])
+    bench.save_json(tmp_path / "bench.json", {"anchors": dict(first, notes=[])})   # as a cut run saves it
+    done = tool.done_rows([tmp_path], "anchors")
+    assert set(done) == {("linear_attn", 32, None)} and tool.done_rows([tmp_path]) == {}
+    timed = []
+    real = tool.anchor_row
+    monkeypatch.setattr(tool, "anchor_row", lambda op, T, *a, **k: timed.append((op, T)) or real(op, T, *a, **k))
+    again = tool.suite_anchors([32, 16], lambda msg: None, size, only=["linear_attn"], done=done)
+    assert timed == [("linear_attn", 16)]
+    assert [r for r in again["rows"] if r["T"] == 32] == first["rows"]           # rows in T order
+    assert any("--resume" in n for n in again["notes"])
+    monkeypatch.setattr(tool, "warm_anchor", lambda *a: pytest.fail("a kept row was compiled again"))
+    assert tool.suite_anchors([32], lambda msg: None, size, only=["linear_attn"], warm=True, done=done) == {}
+
+
 def test_launch_rules_are_the_natively_timed_ones():
     """_dqk_kernel takes 4 warps and at most 2 stages only where gated half-precision inputs meet
     float32 states, _dv_kernel 4 warps for per-dimension gates (gated_backward's timing comment);

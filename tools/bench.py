@@ -2,7 +2,7 @@
 
     python tools/bench.py [--suite anchors|chunks|resources|train|all] [--T 1024 2048 ...] [--out DIR]
     python tools/bench.py --suite train --warm --ops OP          (compile only; one process per op, in parallel)
-    python tools/bench.py --suite train --out DIR2 --resume DIR1 (time the rows DIR1's cut run lacks)
+    python tools/bench.py --suite train|anchors --out DIR2 --resume DIR1 (time the rows DIR1's cut run lacks)
 
 anchors:   each op × level × T ∈ {1k … 32k}, H=16, K=V=128, B·T = 32768 tokens, bf16, forward;
            the gated ops with each gate distribution of bench.GATE_SWEEP (--gates): mild,
@@ -84,14 +84,19 @@ def order(rows):
     rows.sort(key=lambda r: (list(bench.OPS).index(r["op"]), r["T"]))   # --T may come in any order
 
 
-def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=bench.GATE_SWEEP, warm=False):
+def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=bench.GATE_SWEEP, warm=False,
+                  done=None):
+    """done: {(op, T, gates): row} of an earlier run of the same setting (`done_rows`), kept as they
+    are; warm: only call everything once (compile Triton's and FLA's kernels), time nothing."""
     ops = [op for op in triton_ops() if not only or op in only]
+    done = done or {}
     if warm:                              # compile only: every Triton mode and FLA's call once
         for T in Ts:
             for op in ops:
                 for gs in gate_runs(op, gates):
-                    warm_anchor(op, T, gs, size)
-                    log(f"compiled {op} T={T} gates={gs}")
+                    if (op, T, gs) not in done:
+                        warm_anchor(op, T, gs, size)
+                        log(f"compiled {op} T={T} gates={gs}")
         return {}
     bw = bench.copy_bandwidth() if torch.cuda.is_available() else None
     if bw:
@@ -99,10 +104,14 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=b
     missing = [op for op in bench.OPS if op not in triton_ops() and (not only or op in only)]
     res = {"rows": [], "by_gates": {}}
     for T in Ts:
+        todo = [(op, gs) for op in ops for gs in gate_runs(op, gates) if (op, T, gs) not in done]
         sd = bench.median_ms(bench.sdpa_call(T, tokens=size["tokens"], H=size["H"], D=size["K"],
-                                             device=size["device"]))
+                                             device=size["device"])) if todo else None
         for op in ops:
             for gs in gate_runs(op, gates):
+                if (op, T, gs) in done:
+                    place(res, done[op, T, gs])
+                    continue
                 row = anchor_row(op, T, gs, sd, bw, size, Ts, all_levels)
                 place(res, row)
                 for rows in (res["rows"], *res["by_gates"].values()):
@@ -119,6 +128,8 @@ def suite_anchors(Ts, log, size, all_levels=False, save=None, only=None, gates=b
     if bw:
         notes.append(f"floor: reading every input once and writing o once at the copy bandwidth measured in "
                      f"this run, {bw / 1e12:.2f} TB/s (read + write)")
+    if done:
+        notes.append(resumed_note(res, done))
     return dict(res, notes=notes, bandwidth=bw)
 
 
@@ -282,24 +293,28 @@ def suite_train(Ts, log, size, only=None, save=None, gates=bench.GATE_SWEEP, don
     notes.append("rows: mild gates (logsigmoid(x)/16) or none; by_gates: the gated ops with the other "
                  "distributions of bench.GATE_SWEEP")
     if done:
-        notes.append(f"{sum(k in done for k in ((r['op'], r['T'], r['gates']) for r in all_rows(res)))} rows "
-                     "timed by an earlier call of the same run (--resume), the others by this one")
+        notes.append(resumed_note(res, done))
     return dict(res, stages=stages, notes=notes)
 
 
-def all_rows(train: dict) -> list:
-    """Every row of a training result, mild gates and the other distributions."""
-    return train.get("rows", []) + [r for rs in train.get("by_gates", {}).values() for r in rs]
+def resumed_note(res: dict, done: dict) -> str:
+    kept = sum(k in done for k in ((r["op"], r["T"], r["gates"]) for r in all_rows(res)))
+    return f"{kept} rows timed by an earlier call of the same run (--resume), the others by this one"
 
 
-def done_rows(paths) -> dict:
-    """{(op, T, gates): row} of the training rows in earlier runs' bench.json (--resume): a run cut
-    by a device call's time limit saves row by row, and the next call goes on where it stopped."""
+def all_rows(result: dict) -> list:
+    """Every row of a forward or training result, mild gates and the other distributions."""
+    return result.get("rows", []) + [r for rs in result.get("by_gates", {}).values() for r in rs]
+
+
+def done_rows(paths, suite: str = "train") -> dict:
+    """{(op, T, gates): row} of the suite's rows in earlier runs' bench.json (--resume): a run cut by
+    a device call's time limit saves row by row, and the next call goes on where it stopped."""
     done = {}
     for path in paths:
         path = Path(path)
-        train = bench.load_json(path / "bench.json" if path.is_dir() else path).get("train", {})
-        done.update({(r["op"], r["T"], r["gates"]): r for r in all_rows(train) if r.get("triton") is not None})
+        result = bench.load_json(path / "bench.json" if path.is_dir() else path).get(suite, {})
+        done.update({(r["op"], r["T"], r["gates"]): r for r in all_rows(result) if r.get("triton") is not None})
     return done
 
 
@@ -444,7 +459,8 @@ def main(argv=None):
                    help="anchors, train: only run every call once (compile), time and write nothing; run one "
                         "process per op in parallel before the timing run")
     p.add_argument("--resume", nargs="*", default=[], metavar="DIR",
-                   help="train: keep the rows these runs' bench.json already hold and time only the others")
+                   help="anchors, train: keep the rows these runs' bench.json already hold and time only "
+                        "the others")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: times below are the Triton interpreter's and mean nothing about kernels "
@@ -458,13 +474,14 @@ def main(argv=None):
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
     if a.warm and a.suite == "anchors":     # compile only: nothing timed, nothing written
-        suite_anchors(a.T, log, size, only=a.ops, gates=a.gates, warm=True)
+        suite_anchors(a.T, log, size, only=a.ops, gates=a.gates, warm=True, done=done_rows(a.resume, "anchors"))
         return
     res = {"env": bench.environment(), "size": {n: x for n, x in size.items() if n != "device"}}
     if a.suite in ("anchors", "all"):
         def partial(anchors):
             bench.save_json(out / "bench.json", {**res, "anchors": anchors})
-        res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial, only=a.ops, gates=a.gates)
+        res["anchors"] = suite_anchors(a.T, log, size, a.all_levels, save=partial, only=a.ops, gates=a.gates,
+                                       done=done_rows(a.resume, "anchors"))
         bench.save_json(out / "bench.json", res)
         plot(res, out / "bench.png")
     if a.suite in ("chunks", "all"):

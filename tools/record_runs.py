@@ -9,7 +9,7 @@ phases, op by op: every op not yet recorded compiles first, one process per op i
 suites' own `--warm`; compiling is CPU-bound), then one process at a time times it with the GPU to
 itself (`bench.environment` records whether it was). An op counts as recorded once its JSON exists
 in --out or in a --resume directory, so the next call goes on where a cut one stopped; the training
-suite keeps its rows one by one (`tools/bench.py --resume`). Nothing starts after --seconds, and
+and forward suites keep their rows one by one (`tools/bench.py --resume`). Nothing starts after --seconds, and
 what runs is stopped then.
 
 suites (the per-op files in DIR):
@@ -51,11 +51,9 @@ def command(suite: str, op: str, out: Path | None, size: str | None, resume=()) 
         cmd = script + ["--suite", suite, "--ops", op]
         if size == "small":
             cmd += ["--tokens", "256", "--heads", "2", "--dim", "32", "--T", "64", "128"]
-        if out is None:
-            return cmd + ["--warm"]
-        # the training suite keeps a cut run's rows (its --resume); the forward suite times an op whole
-        keep = ["--resume", *map(str, resume)] if suite == "train" and resume else []
-        return cmd + ["--out", str(out.parent)] + keep
+        # both keep a cut run's rows (tools/bench.py --resume): the next call compiles and times the others
+        keep = ["--resume", *map(str, resume)] if resume else []
+        return cmd + (["--warm"] if out is None else ["--out", str(out.parent)]) + keep
     cmd = script + ["--only", op] + (["--size", size] if size else [])
     return cmd + (["--warm"] if out is None else ["--out", str(out)])
 
@@ -90,15 +88,17 @@ def record(suites, out: Path, resume, seconds: float, jobs: int, size, ops=None,
     for suite in suites:
         todo = [op for op in bench.selected_ops(ops) if recorded(suite, op, [out, *resume]) is None]
         status[suite] = {op: "recorded earlier" for op in bench.selected_ops(ops) if op not in todo}
+
+        def earlier(op):                                          # cut runs of this op in earlier calls
+            return [p for d in resume if (p := Path(d) / SUITES[suite][1].format(op=op)).exists()]
+
         with ThreadPoolExecutor(max(1, jobs)) as pool:            # compile: one process per op
-            warm = dict(zip(todo, pool.map(lambda op: run(command(suite, op, None, size), deadline,
+            warm = dict(zip(todo, pool.map(lambda op: run(command(suite, op, None, size, earlier(op)), deadline,
                                                           out / "logs" / f"{suite}_{op}_warm.log"), todo)))
         say(f"{suite}: compiled {', '.join(f'{op} ({rc})' for op, rc in warm.items()) or 'nothing'}")
         for op in todo:                                           # time: one process at a time
             target = out / SUITES[suite][1].format(op=op)
-            earlier = [Path(d) / SUITES[suite][1].format(op=op) for d in resume]
-            rc = run(command(suite, op, target, size, [p for p in earlier if p.exists()]), deadline,
-                     out / "logs" / f"{suite}_{op}.log")
+            rc = run(command(suite, op, target, size, earlier(op)), deadline, out / "logs" / f"{suite}_{op}.log")
             status[suite][op] = "timed" if rc == 0 and target.exists() else f"cut or failed ({rc})"
             say(f"{suite} {op}: {status[suite][op]}")
     return status
