@@ -915,8 +915,8 @@ if rec is not None:
     fig.suptitle(bench.run_label(rec["env"]), fontsize=9)
     fig.tight_layout()
     plt.show()
-    kda_ratio = {g: max(o / f for o, f in zip(by_gates(rec, "kda", "triton")[g][1], by_gates(rec, "kda", "fla")[g][1]))
-                 for g in by_gates(rec, "kda", "triton")}
+    ours_kda, fla_kda = by_gates(rec, "kda", "triton"), by_gates(rec, "kda", "fla")
+    kda_ratio = {g: max(o / f for o, f in zip(ours_kda[g][1], fla_kda[g][1])) for g in ours_kda}
     print("KDA, largest ours/FLA by gate distribution:", ", ".join(f"{g} {r:.2f}" for g, r in kda_ratio.items()))
 
 # %% [markdown]

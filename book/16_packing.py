@@ -586,9 +586,9 @@ plt.tight_layout(); plt.show()
 # (`book/data/bench_train.json`, recorded the same day on the same kind of GPU) only roughly:
 # linear attention is ahead of FLA packed and ahead or level unpacked, KDA level packed and a
 # little ahead unpacked; GLA, a little ahead unpacked, falls behind packed, and DeltaNet, about
-# 1.25× FLA's time unpacked, takes 1.6× packed. Those two pay
-# most for the boundaries (the rows of the longest document run the same kernels about a fifth
-# faster), and where inside their backward that goes is not yet traced kernel by kernel
+# 1.25× FLA's time unpacked, takes 1.6× packed. Those two pay most for the boundaries: their packed
+# row takes about a fifth longer than the rows of the longest document, which run the same kernels.
+# Where inside the backward that time goes is not yet traced kernel by kernel
 # (`docs/packed_sequences.md` has the measurements). FLA 0.6.0 refuses its own backward for
 # per-head gates on this toolchain, so those rows have no FLA time.
 #
