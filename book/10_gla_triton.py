@@ -624,6 +624,34 @@ else:
     print(f"FLA's chunk_gla against the same floor: {span(gla_fla_floor, '{:.1f}')}×")
 
 # %% [markdown]
+# **The record and the kernels as they are.** That run is older than the precision rules of
+# chapter 13 (§12: computed float32 operands stay float32 on the tensor cores, as tf32 products, and
+# GLA's $A V$ in two parts), which cost GLA's forward time. A later recorded run, the packing
+# benchmark of chapter 16 (`book/data/packing_gpu.json`), timed the same default forward at one
+# length as its eight equal rows, without FLA beside it:
+
+# %%
+from linattn import bench_packing
+
+pk = bench.recorded_run("packing_gpu.json")
+if rec and pk:
+    T4, now = bench_packing.equal_rows_forward(pk)
+    then = {r["op"]: r for r in rec["anchors"]["rows"] if r["T"] == T4}
+    print(f"forward at T = {T4}, ms: the record ({caption(rec['env'])}) → the kernels as they are "
+          f"({caption(pk['env'])})")
+    for op in by_op:
+        print(f"{op:12s} {then[op]['triton']:.3f} → {now[op]:.3f} ({now[op] / then[op]['triton']:.2f}×); "
+              f"FLA in the record {then[op]['fla']:.3f}")
+    assert now["gla"] > 1.2 * then["gla"]["triton"] and now["gla"] < then["gla"]["fla"]
+else:
+    print(NO_RECORD)
+
+# %% [markdown]
+# GLA's forward now takes about a third longer than in the record, linear attention's and
+# per-head GLA's about what they took. A ratio to FLA is read from one run, and this one has no FLA
+# beside it; GLA's time is still under the time FLA took in the record (`docs/performance.md`,
+# "Where each op stands").
+#
 # Against the model:
 #
 # * **Linear attention** follows it. Fused is flat while its grid fills the GPU; the states mode

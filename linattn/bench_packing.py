@@ -87,6 +87,15 @@ def measure(size: str | None = None, only=None, progress=print, warm_only=False,
             "rows": rows}
 
 
+def equal_rows_forward(r: dict) -> tuple:
+    """(T, {op: ms}) of a recorded run's equal rows, forward: the default forward at the forward
+    benchmark's own setting (`bench.anchor_inputs` at T = the row's tokens over its documents, the
+    same token count), timed in that run. Chapters set it beside an older forward record."""
+    lengths = r["setting"]["lengths"]
+    T = sum(lengths) // len(lengths)
+    return T, {x["op"]: x["equal"] for x in r["rows"] if x["mode"] == "forward" and x.get("equal") is not None}
+
+
 def tokens_per_ms(row: dict, layout: str, cfg: dict):
     """Real tokens per millisecond of a layout (padding does not count), None where it did not run."""
     ms = row.get(layout)
