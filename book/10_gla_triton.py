@@ -635,14 +635,10 @@ from linattn import bench_packing
 
 pk = bench.recorded_run("packing_gpu.json")
 if rec and pk:
-    T4, now = bench_packing.equal_rows_forward(pk)
-    then = {r["op"]: r for r in rec["anchors"]["rows"] if r["T"] == T4}
-    print(f"forward at T = {T4}, ms: the record ({caption(rec['env'])}) → the kernels as they are "
-          f"({caption(pk['env'])})")
-    for op in by_op:
-        print(f"{op:12s} {then[op]['triton']:.3f} → {now[op]:.3f} ({now[op] / then[op]['triton']:.2f}×); "
-              f"FLA in the record {then[op]['fla']:.3f}")
-    assert now["gla"] > 1.2 * then["gla"]["triton"] and now["gla"] < then["gla"]["fla"]
+    times, text = bench_packing.forward_since(rec, pk, {op: op for op in by_op})
+    print(text)
+    recorded, now, fla = times["gla"]
+    assert now > 1.2 * recorded and now < fla                   # what the text below says
 else:
     print(NO_RECORD)
 

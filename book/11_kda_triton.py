@@ -513,14 +513,9 @@ from linattn import bench_packing
 
 pk = bench.recorded_run("packing_gpu.json")
 if rec and pk:
-    T4, now = bench_packing.equal_rows_forward(pk)
-    then = {r["op"]: r for r in rec["anchors"]["rows"] if r["T"] == T4}
-    print(f"forward at T = {T4}, ms: the record ({caption(rec['env'])}) → the kernels as they are "
-          f"({caption(pk['env'])})")
-    for op, o in NAMES.items():
-        print(f"{LABELS[o]:15s} {then[op]['triton']:.3f} → {now[op]:.3f} ({now[op] / then[op]['triton']:.2f}×); "
-              f"FLA in the record {then[op]['fla']:.3f}")
-    assert now["kda"] > then["kda"]["fla"] and now["gated_delta_rule"] > then["gated_delta_rule"]["fla"]
+    times, text = bench_packing.forward_since(rec, pk, {op: LABELS[o] for op, o in NAMES.items()})
+    print(text)
+    assert all(times[op][1] > times[op][2] for op in ("kda", "gated_delta_rule"))   # slower than FLA was
 else:
     print(NO_RECORD)
 

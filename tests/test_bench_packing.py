@@ -11,8 +11,10 @@ def test_equal_rows_forward_reads_the_forward_rows_at_the_benchmark_setting():
 
 
 def test_the_recorded_runs_meet_at_one_length_for_every_op():
-    # chapters 10 and 11 look up each op's row of the forward record at the packing run's T
-    T, ms = bench_packing.equal_rows_forward(bench.recorded_run("packing_gpu.json"))
-    assert set(ms) == set(bench.OPS) and all(m > 0 for m in ms.values())
-    forward = bench.recorded_run("bench.json")["anchors"]["rows"]
-    assert {r["op"] for r in forward if r["T"] == T} == set(bench.OPS)
+    # chapters 10 and 11 set each op's row of the forward record beside the packing run's
+    packing, forward = bench.recorded_run("packing_gpu.json"), bench.recorded_run("bench.json")
+    times, text = bench_packing.forward_since(forward, packing, {op: op for op in bench.OPS})
+    T, now = bench_packing.equal_rows_forward(packing)
+    row = {r["op"]: r for r in forward["anchors"]["rows"] if r["T"] == T}
+    assert times == {op: (row[op]["triton"], now[op], row[op]["fla"]) for op in bench.OPS}
+    assert f"T = {T}" in text and len(text.splitlines()) == 1 + len(bench.OPS)
