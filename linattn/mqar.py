@@ -182,7 +182,7 @@ def _in_processes(jobs: dict, device, workers) -> dict:
 
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {label: pool.submit(_first_step, job, str(device)) for label, job in jobs.items()}
+        futures = {label: pool.submit(first_step, job, str(device)) for label, job in jobs.items()}
         out = {}
         for label, f in futures.items():
             try:
@@ -192,9 +192,10 @@ def _in_processes(jobs: dict, device, workers) -> dict:
         return out
 
 
-def _first_step(job: dict, device: str) -> float:
+def first_step(job: dict, device: str) -> float:
     """One training step and one evaluation of job's model on `device`: seconds (in a fresh process:
-    the kernels' compilation)."""
+    the kernels' compilation). What `warm_up` runs for each job, and what tools/compile_time.py
+    --mqar-offline records the launches of."""
     start = time.perf_counter()
     torch.manual_seed(0)
     model = RecallModel(job["mixer"], job["vocab"], d_model=job["d_model"], n_heads=job["n_heads"],

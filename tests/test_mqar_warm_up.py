@@ -48,6 +48,6 @@ def test_the_step_is_what_training_and_evaluation_run(mixer, monkeypatch):
     monkeypatch.setattr(mqar, "batch", batch)
     monkeypatch.setattr(mqar, "accuracy", accuracy)
     job = dict(JOB, mixer=mixer, batch_size=6)
-    assert mqar._first_step(job, "cpu") > 0
+    assert mqar.first_step(job, "cpu") > 0
     assert seen["batches"][0] == (job["n_pairs"], 6)                # the training step's batch
     assert seen["training"] is False                              # evaluated in eval mode

@@ -63,13 +63,10 @@ def mqar_offline(models, workers: int) -> tuple:
         launches = {}
         for model in models:
             mixer, heads = model.split(":")
-            torch.manual_seed(0)
+            job = dict(mixer=mixer, vocab=MQAR["vocab"], d_model=MQAR["d_model"], n_heads=int(heads),
+                       layers=MQAR["layers"], n_pairs=MQAR["pairs"], batch_size=MQAR["batch"])
             with arch_check.recording() as recs:
-                m = mqar.RecallModel(mixer, MQAR["vocab"], d_model=MQAR["d_model"], n_heads=int(heads),
-                                     layers=MQAR["layers"])
-                mqar.loss_fn(m, *mqar.batch(MQAR["pairs"], MQAR["batch"], MQAR["vocab"])).backward()
-                with torch.no_grad():
-                    m.eval()(mqar.batch(MQAR["pairs"], 256, MQAR["vocab"])[0])
+                mqar.first_step(job, "cpu")                       # what mqar.warm_up runs for the model
             launches[model] = {_variant(r): r for r in recs}
     finally:
         outputs.empty = real_empty
