@@ -9,8 +9,8 @@ phases, op by op: every op not yet recorded compiles first, one process per op i
 suites' own `--warm`; compiling is CPU-bound), then one process at a time times it with the GPU to
 itself (`bench.environment` records whether it was). An op counts as recorded once its JSON exists
 in --out or in a --resume directory, so the next call goes on where a cut one stopped; the training
-and forward suites keep their rows one by one (`tools/bench.py --resume`). Nothing starts after --seconds, and
-what runs is stopped then.
+and forward suites keep their rows one by one (`tools/bench.py --resume`). Nothing starts after
+--seconds, and what runs is stopped then.
 
 suites (the per-op files in DIR):
     anchors  tools/bench.py --suite anchors (forward, every gate distribution)   anchors_OP/bench.json
