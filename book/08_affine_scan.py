@@ -394,7 +394,6 @@ from linattn import bench, bench_long
 
 rec = bench.recorded_run("long_sequence.json")
 print(bench_long.report(rec))
-print("\n" + rec["note"])
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
 for ax, mode, title in zip(axes, ("forward", "train"), ("forward", "forward + backward")):
     for op, color in (("linear_attn", "C0"), ("simple_gla", "C1"), ("gla", "C2")):
@@ -414,21 +413,51 @@ fig.suptitle(f"B = 1, {rec['setting']['dtype']}, K = V = {rec['setting']['K']} �
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# Read the figure with the rule in mind (the numbers are the recorded run's):
-#
+# Read the figure with the rule in mind; the next cell prints the numbers it rests on.
+
+# %%
+def rows_of(op, mode, H, long_only=False):
+    return [r for r in rec["rows"] if (r["op"], r["mode"], r["H"]) == (op, mode, H)
+            and (not long_only or r["T"] >= 65536)]
+
+
+def ratios(rows_, num, den):
+    return ", ".join(f"{r['T'] // 1024}k {r[num] / r[den]:.2f}" for r in rows_ if r.get(num) and r.get(den)) or "—"
+
+
+for op in ("gla", "simple_gla", "linear_attn"):
+    for mode in ("forward", "train"):
+        rows_ = rows_of(op, mode, 4, long_only=True)
+        print(f"H = 4  {op:11s} {mode:7s} one walk ÷ default: {ratios(rows_, 'one_walk', 'ours')};"
+              f"  default ÷ FLA: {ratios(rows_, 'ours', 'fla')}")
+# Linear attention's walks shorter than the rule's minimum are one walk in both columns: the same
+# kernels, timed twice.
+from linattn.triton import gated
+
+C, shortest = 64, gated.SEGMENT_MIN_CHUNKS[gated.NO_GATE]
+for r in rec["rows"]:
+    if r["op"] == "linear_attn" and r["H"] == 4 and r["T"] // C < shortest:
+        print(f"the same kernels twice ({r['T'] // C} chunks < {shortest}): linear_attn {r['mode']} H = 4, "
+              f"{r['T'] // 1024}k: {r['ours']:.2f} against {r['one_walk']:.2f} ms")
+gla_long = [r["one_walk"] / r["ours"] for m in ("forward", "train") for r in rows_of("gla", m, 4, True)]
+assert min(gla_long) > 1.5                          # what the text below says
+assert all(r["one_walk"] > r["ours"] for op in ("simple_gla", "linear_attn") for m in ("forward", "train")
+           for r in rows_of(op, m, 4) if r["T"] == 131072)
+
+# %% [markdown]
 # * **$H = 4$, 64k tokens and more** — few heads and one very long sequence, as in long-context
-#   training and prefill — is the regime the cut is for. GLA's forward ran 2.2–2.4× faster than one
-#   walk and its forward + backward 1.8×; per-head GLA 1.75–1.9× and 1.5–1.7×; linear attention's
-#   forward 1.35×. That put each forward ahead of flash-linear-attention's (0.46–0.73 of its time),
-#   where one walk was level with it or behind (GLA 1.14× its time).
-# * **$H = 16$**: the GPU already has its programs. Linear attention and per-head GLA's forward are
-#   left one walk (the same kernels in both columns); GLA's forward, whose per-dimension pass has
-#   64 programs, gains 4–7 %, and so do the per-head backward passes at 64k and more (6 %).
-# * **Noise where the host limits.** At $H = 4$ and 32k tokens linear attention and per-head GLA
-#   are one walk in both columns, yet their forward + backward read 0.67 and 0.84: at that size the
-#   call waits on Python launching kernels, and such wall times scatter from one timing to the next.
-#   Linear attention's forward + backward at 64k (0.89, its walks cut) may be the same scatter or a
-#   real cost of the extra launches; this run cannot tell them apart.
+#   training and prefill — is the regime the cut is for. GLA's forward and its forward + backward
+#   ran more than 1.5× faster than one walk, which put them well ahead of flash-linear-attention's.
+#   Linear attention and per-head GLA gained at 128k; at 64k, where their walks are just long
+#   enough for the rule (1024 chunks), the cut columns read slower than one walk, at times that the
+#   host's launches limit (next point), so this run cannot tell a real cost of the extra launches
+#   from scatter.
+# * **$H = 16$**: the GPU already has its programs. Linear attention and per-head GLA are left one
+#   walk (the same kernels in both columns); GLA's forward, whose per-dimension pass has 64
+#   programs, gains a little.
+# * **Noise where the host limits.** Calls of a few tenths of a millisecond wait on Python launching
+#   kernels, and their wall times scatter from one timing to the next: the last lines printed above
+#   timed the same kernels twice.
 #
 # The delta rule's maps are dense ($K\times K$), so its passes would need this section's matrix
 # scan, with more work per segment; the library does not cut them.

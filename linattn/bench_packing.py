@@ -87,29 +87,6 @@ def measure(size: str | None = None, only=None, progress=print, warm_only=False,
             "rows": rows}
 
 
-def equal_rows_forward(r: dict) -> tuple:
-    """(T, {op: ms}) of a recorded run's equal rows, forward: the default forward at the forward
-    benchmark's own setting (`bench.anchor_inputs` at T = the row's tokens over its documents, the
-    same token count), timed in that run."""
-    lengths = r["setting"]["lengths"]
-    T = sum(lengths) // len(lengths)
-    return T, {x["op"]: x["equal"] for x in r["rows"] if x["mode"] == "forward" and x.get("equal") is not None}
-
-
-def forward_since(forward: dict, packing: dict, labels: dict) -> tuple:
-    """The forward record (tools/bench.py --suite anchors) beside a later packing record's equal rows
-    at the one length both have: ({op: (recorded ms, later ms, FLA's ms in the forward record)}, the
-    printout). labels: {op: name} of the ops to show."""
-    T, now = equal_rows_forward(packing)
-    then = {r["op"]: r for r in forward["anchors"]["rows"] if r["T"] == T}
-    times = {op: (then[op]["triton"], now[op], then[op]["fla"]) for op in labels}
-    lines = [f"forward at T = {T}, ms: the record ({bench.run_label(forward['env'])}) → the kernels as they "
-             f"are ({bench.run_label(packing['env'])})"]
-    lines += [f"{name:15s} {a:.3f} → {b:.3f} ({b / a:.2f}×); FLA in the record {f:.3f}"
-              for (name, (a, b, f)) in zip(labels.values(), times.values())]
-    return times, "\n".join(lines)
-
-
 def tokens_per_ms(row: dict, layout: str, cfg: dict):
     """Real tokens per millisecond of a layout (padding does not count), None where it did not run."""
     ms = row.get(layout)
