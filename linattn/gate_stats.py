@@ -41,6 +41,14 @@ def chunk_decays(g: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
     return -g.sum(2).reshape(B * N, H, K)
 
 
+def frac_past_bound(g: torch.Tensor, size: int, bound: float = SPLIT_RANGE) -> float:
+    """The fraction of (run of `size` tokens, head) pairs of log-gates g whose gates decay by at
+    least e^bound in some key dimension. With size = C those are the chunks the split refuses; with
+    size = 16, the 16-row blocks that would still refuse a split whose reference point moves to each
+    block's start (`docs/performance.md`, "Gate strength")."""
+    return (chunk_decays(g, size).amax(-1) >= bound).double().mean().item()
+
+
 def summary(decays: torch.Tensor, bound: float = SPLIT_RANGE) -> dict:
     """decays [chunks, H, K]: −b_C per (chunk, head, key dimension) → a JSON-ready dict:
     min/max/mean and percentiles over (chunk, head, dimension) entries; the fraction of entries at

@@ -22,6 +22,15 @@ def test_summary_counts_chunks_by_their_strongest_dimension():
     assert s["max"] == 61.0
 
 
+def test_frac_past_bound_counts_runs_by_their_strongest_dimension():
+    g = torch.zeros(1, 128, 2, 4)                         # two chunks of 64, eight blocks of 16, 2 heads
+    g[0, 70, 1, 3] = -61.0                                # one token of head 1 past e^60 on its own
+    g[0, 0:32, 0, 0] = -2.0                               # head 0: 64 over its first chunk, 32 per block
+    assert gate_stats.frac_past_bound(g, 64) == 2 / 4     # chunk 0 of head 0, chunk 1 of head 1
+    assert gate_stats.frac_past_bound(g, 16) == 1 / 16    # only the block holding the −61
+    assert gate_stats.frac_past_bound(g[..., 0], 64) == 1 / 4                       # per-head gates
+
+
 def test_softplus_gate():
     y = torch.tensor([1e-4, 1e-2, 0.1, 3.0])
     assert torch.allclose(F.softplus(gate_stats.inverse_softplus(y)), y, rtol=1e-5)

@@ -2,7 +2,9 @@
 
 The kernels' fast path (the split, `linattn.decay.split`) needs every key dimension of a chunk to
 decay by less than e^60. This tool measures, per gate distribution, the chunk decay −b_C (per
-chunk, head and key dimension; `linattn.gate_stats`):
+chunk, head and key dimension; `linattn.gate_stats`), and the fraction of 16-token blocks that
+decay past the same bound (what a split with its reference point at each block's start would still
+refuse):
 
     mild          logσ(x)/16, x ~ N(0, 1): the tests' and benchmarks' "normal" gates
     strong        −20·U(0, 1) per token: the tests' "strong" gates
@@ -35,6 +37,7 @@ from linattn import bench, gate_stats, mqar, testing  # noqa: E402
 from linattn.nn.gates import LogGate  # noqa: E402
 
 C = 64
+BLOCK = 16                         # the sub-chunk: a candidate split's reference point (gate_stats.frac_past_bound)
 # Chapter 14's CPU configuration (book/14_training.py: `pick(cpu=...)`).
 CH14 = dict(vocab=64, pairs=12, d_model=32, n_heads=4, layers=1, steps=600, batch=32, lr=1e-2, seed=0)
 
@@ -45,12 +48,12 @@ def random_x(B, T, d, seed):
 
 @torch.no_grad()
 def layer_gates(make, *, seeds, B, T, d):
-    """Decays of a freshly initialised gate, one layer per seed, on x ~ N(0, 1) [B, T, d]."""
+    """Log-gates of a freshly initialised gate, one layer per seed, on x ~ N(0, 1) [B, T, d]."""
     out = []
     for s in seeds:
         torch.manual_seed(s)
         gate = make(torch.Generator().manual_seed(s))
-        out.append(gate_stats.chunk_decays(gate(random_x(B, T, d, 1000 + s)), C))
+        out.append(gate(random_x(B, T, d, 1000 + s)))
     return torch.cat(out)
 
 
@@ -66,7 +69,7 @@ def model_gates(model, n_pairs, vocab, *, size=256, seed=1234):
         model(tokens)
     for h in hooks:
         h.remove()
-    return torch.cat([gate_stats.chunk_decays(g.flatten(0, 1)[None], C) for g in seen])
+    return torch.cat([g.flatten(0, 1)[None] for g in seen])
 
 
 def main(argv=None):
@@ -83,20 +86,23 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(0)
     dists = {}
 
-    def add(name, what, decays, **setting):
-        dists[name] = {"what": what, **setting, **gate_stats.summary(decays)}
+    def add(name, what, g, **setting):
+        """g: log-gates [B, T, H, K] or [B, T, H] of one distribution."""
+        dists[name] = {"what": what, **setting, **gate_stats.summary(gate_stats.chunk_decays(g, C)),
+                       "block_size": BLOCK, "frac_blocks_past_bound": gate_stats.frac_past_bound(g, BLOCK)}
         s = dists[name]
         print(f"{name:13s} p50 {s['percentiles']['50']:8.2f}  p99 {s['percentiles']['99']:8.2f}  "
-              f"max {s['max']:8.1f}  strongest dim p50 {s['strongest_dim_percentiles']['50']:8.2f}  chunks past e^60: {s['frac_chunks_past_bound']:.1%}", flush=True)
+              f"max {s['max']:8.1f}  strongest dim p50 {s['strongest_dim_percentiles']['50']:8.2f}  "
+              f"past e^60: chunks {s['frac_chunks_past_bound']:.1%}, {BLOCK}-token blocks "
+              f"{s['frac_blocks_past_bound']:.2%}", flush=True)
 
     shape = (len(seeds) * B, T, H, K)
     add("mild", "logσ(x)/16, x ~ N(0, 1) (testing.log_gates 'normal')",
-        gate_stats.chunk_decays(testing.log_gates(shape, "normal", generator=gen), C), shape=list(shape))
+        testing.log_gates(shape, "normal", generator=gen), shape=list(shape))
     add("strong", "−20·U(0, 1) per token (testing.log_gates 'strong')",
-        gate_stats.chunk_decays(testing.log_gates(shape, "strong", generator=gen), C), shape=list(shape))
+        testing.log_gates(shape, "strong", generator=gen), shape=list(shape))
     add("gla_raw", "logσ(x), x ~ N(0, 1): no temperature",
-        gate_stats.chunk_decays(torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen)), C),
-        shape=list(shape))
+        torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen)), shape=list(shape))
     layer = dict(d_model=d, heads=H, head_k=K, layers=len(seeds), batch=B, T=T, x="N(0, 1)")
     add("gla_init", "GLA gate as initialised: logσ(x W₁W₂ + b)/16, rank 16, b = 4",
         layer_gates(lambda g: LogGate(d, H, K), seeds=seeds, B=B, T=T, d=d), **layer)
