@@ -161,7 +161,10 @@ for key, label in (("kda_init", "KDA initialised"), ("ch14_kda", "KDA trained (c
     r = gs["distributions"][key]
     print(f"{label:20s} (recorded, {gs['env']['date']}): fastest dim per (chunk, head) median "
           f"{r['strongest_dim_percentiles']['50']:.1f}, largest {r['max']:.1f}; past 60: "
-          f"{r['frac_chunks_past_bound']:.0%} of (chunk, head) pairs")
+          f"{r['frac_chunks_past_bound']:.0%} of (chunk, head) pairs, {r['frac_blocks_past_bound']:.0%} of "
+          f"(16-token block, head) pairs")
+init = gs["distributions"]["kda_init"]
+assert init["frac_chunks_past_bound"] > 0.1 and init["frac_blocks_past_bound"] == 0      # what the text says
 Gn = torch.cumsum(testing.log_gates((64, 16), "normal"), 0)
 split = (ks * Gn.exp()) @ (ks * (-Gn).exp()).T
 exact_n = torch.einsum("id,jd,ijd->ij", ks.double(), ks.double(),
@@ -196,6 +199,11 @@ assert err < 1e-6
 #     column $j+1$ to $j$ by the factor $e^{g_{j+1}}\le 1$ — one exponential per key dimension
 #     per column, and no exponent is ever positive. Each block sums its own 16 gates from zero:
 #     a small sum rounds less than the chunk's running sum near $-1000$.
+#
+# With KDA's initialisation many chunks pass the bound but no 16-token block does (printed above):
+# the exact kernel's block form, not its column walk, is what those gates need, and so the
+# question is its speed (section 8 measures it; `docs/performance.md`, "Gate strength", weighs
+# running it for every chunk).
 #
 # For Gated DeltaNet the decay is one number per pair $(i,j)$: the factor kernel takes each
 # 16×16 block of $KK^\top$ with one dot and multiplies it by its block of $e^{\min(b_i-b_j,0)}$ —
