@@ -519,7 +519,7 @@ if rows:
 # ($10^{-2}$).
 #
 # **Gates as layers produce them.** The mild gates decay a 64-token chunk by at most $e^{-5}$, so
-# every chunk takes the factorised split of §3. The same run timed the gates models start from
+# every chunk takes the factorised split of §2. The same run timed the gates models start from
 # ($\log\sigma(x)$, and KDA's own initialisation $-e^{A_{\log}}\,\mathrm{softplus}(x + b)$), whose
 # chunks decay far past the split's bound (chapter 10, §3b, counts them):
 
