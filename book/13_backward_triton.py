@@ -901,10 +901,10 @@ def by_gates(rec, op, key):
 if rec is not None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, op, name in zip(axes, ("gla", "kda"), ("GLA", "KDA")):
+        fla = by_gates(rec, op, "fla")
         for (gates, (Tx, ms)), colour in zip(by_gates(rec, op, "triton").items(), ("C0", "C1", "C2")):
             ax.plot(Tx, ms, marker="o", color=colour, label=f"ours, {gates} gates")
-            _, fla_ms = by_gates(rec, op, "fla")[gates]
-            ax.plot(Tx, fla_ms, ls="--", marker="s", mfc="none", color=colour, label=f"FLA, {gates} gates")
+            ax.plot(Tx, fla[gates][1], ls="--", marker="s", mfc="none", color=colour, label=f"FLA, {gates} gates")
         ax.set_xscale("log", base=2)
         ax.set_xticks(Tx, [f"{t // 1024}k" for t in Tx])
         ax.xaxis.set_minor_locator(plt.NullLocator())
@@ -915,9 +915,6 @@ if rec is not None:
     fig.suptitle(bench.run_label(rec["env"]), fontsize=9)
     fig.tight_layout()
     plt.show()
-    ours_kda, fla_kda = by_gates(rec, "kda", "triton"), by_gates(rec, "kda", "fla")
-    kda_ratio = {g: max(o / f for o, f in zip(ours_kda[g][1], fla_kda[g][1])) for g in ours_kda}
-    print("KDA, largest ours/FLA by gate distribution:", ", ".join(f"{g} {r:.2f}" for g, r in kda_ratio.items()))
 
 # %% [markdown]
 # ## 11. The delta rules' backward kernels
