@@ -38,7 +38,8 @@ def test_every_op_compiles_before_any_is_timed_and_recorded_ops_are_skipped(tmp_
     status = rr.record(["packing"], tmp_path / "call2", [earlier], 100, 4, None, ops=["gla", "kda", "delta_rule"],
                        say=lambda *a: None)
     assert status["packing"] == {"gla": "recorded earlier", "delta_rule": "timed", "kda": "timed"}
-    assert [c for c in calls if c[0] == "warm"] == [("warm", "delta_rule"), ("warm", "kda")]
+    # the compiles run in parallel threads, so they may reach the stub in either order
+    assert sorted(calls[:2]) == [("warm", "delta_rule"), ("warm", "kda")]
     assert calls[2:] == [("time", "delta_rule"), ("time", "kda")]          # timed after all compiled
 
 
