@@ -183,7 +183,7 @@ def _gate_kernel(q, k, g, beta, dqs, dkd, dbk, ddl, da, daqk, dq, dk, dg, db, sc
         if tl.max(-GC, axis=0) < DIAG_DOT_RANGE:                                  # the split: in range
             Mq, Ma = _score_grads(da, daqk, offc, tm, jc, scale)
             Z, Zt, X, Y = _split_terms(qt, kt, bt, G, Mq, Ma, SDT, IEEE, SX3, RND)
-        elif _block_decay(gt, jc, C) < DIAG_DOT_RANGE:                             # split per 16 rows
+        elif _block_decay(gt, C, BK) < DIAG_DOT_RANGE:                             # split per 16 rows
             Z, Zt, X, Y = _block_terms(q + r0 * K, k + r0 * K, g + r0 * K, beta + r0, da + r0 * C,
                                        daqk + r0 * C, gt, gsh, scale, n, T, H, K, C, BK, dk_, SDT, IEEE, SX3, RND)
         else:
@@ -301,13 +301,17 @@ def _split_terms(qt, kt, bt, G, Mq, Ma, SDT: tl.constexpr, IEEE: tl.constexpr, X
 
 
 @triton.jit
-def _block_decay(gt, jc, C: tl.constexpr):
+def _in_blocks(x, C: tl.constexpr, BK: tl.constexpr, REVERSE: tl.constexpr = False):
+    """x's running sum within each 16-row block of the chunk (from the block's first row, or its
+    last when REVERSE), [C, BK]: one scan of [C/16, 16, BK]."""
+    return tl.reshape(tl.cumsum(tl.reshape(x, (C // BLOCK, BLOCK, BK)), axis=1, reverse=REVERSE), (C, BK))
+
+
+@triton.jit
+def _block_decay(gt, C: tl.constexpr, BK: tl.constexpr):
     """The largest decay exponent −Σ g over one 16-row block of the chunk, in any key dim of the program."""
-    worst = 0.0
-    for J in tl.static_range(C // BLOCK):
-        s = tl.sum(tl.where(((jc >= J * BLOCK) & (jc < J * BLOCK + BLOCK))[:, None], gt, 0.0), axis=0)
-        worst = tl.maximum(worst, tl.max(-s, axis=0))
-    return worst
+    worst = tl.max(-tl.sum(tl.reshape(gt, (C // BLOCK, BLOCK, BK)), axis=1), axis=1)   # [C/16]
+    return tl.max(worst, axis=0)
 
 
 @triton.jit
@@ -321,45 +325,62 @@ def _block_terms(q, k, g, beta, da, daqk, gt, gsh, scale, n, T, H, K: tl.constex
         Z_i  += e^{G_i − G_b} ⊙ Σ_{j∈J} Mq_ij (k_j ⊙ e^{G_b − G_j}),   i ≥ j: the first factor ≤ 1,
         Zt_j += e^{G_e − G_j} ⊙ Σ_{i∈J} Mq_ij (q_i ⊙ e^{G_i − G_e}),   j ≤ i: the first factor ≤ 1,
     and X, Y alike from dA (β on Y's rows). The operands' factors are ≥ 1 but at most e^{−Σ_J g},
-    below e^{DIAG_DOT_RANGE}. Every exponent is a sum of the gates between its two tokens (masked
-    prefix and suffix sums of gt and gsh, g shifted up one row), never a difference of two sums
+    below e^{DIAG_DOT_RANGE}. Per block, four [C, 16] × [16, BK] products with operands in SDT, as
+    `_split_terms`. q, k, g, beta, da, daqk point at the chunk's row 0; gt, gsh: [C, BK].
+
+    Every exponent is a sum of the gates between its two tokens, never a difference of two sums
     from the chunk start: those reach −250 here, and their float32 rounding cost the gate gradient
-    two digits. Rows (columns) a block's scores do not reach are zero in M, with a factor of 1. Per
-    block, four [C, 16] × [16, BK] products with operands in SDT, as `_split_terms`. q, k, g, beta,
-    da, daqk point at the chunk's row 0; gt, gsh: [C, BK]."""
+    two digits. So each is a running sum within its row's block (`_in_blocks`, once per chunk) plus
+    the totals of the whole blocks between that block and J, added to a carry as the walk passes
+    each block: Z and X walk the blocks from the last (rows below J gain J's total), Zt and Y from
+    the first (rows above J gain it). Rows (columns) a block's scores do not reach are zero in M;
+    their factors stay ≤ 1."""
     jc = tl.arange(0, C)
     c16 = tl.arange(0, BLOCK)
     tm = n * C + jc < T
+    blk = (jc // BLOCK)[:, None]                                                  # [C, 1] each row's block
+    W = _in_blocks(gt, C, BK)                                                     # G_i − G_{block start − 1}
+    last = (jc % BLOCK == BLOCK - 1)[:, None]
+    Rx = _in_blocks(tl.where(last, 0.0, gsh), C, BK, True)                        # G_{block end} − G_i
     Z = tl.zeros((C, BK), dtype=tl.float32)
-    Zt = tl.zeros((C, BK), dtype=tl.float32)
     X = tl.zeros((C, BK), dtype=tl.float32)
-    Y = tl.zeros((C, BK), dtype=tl.float32)
-    for J in tl.static_range(C // BLOCK):
+    carry = tl.zeros((C, BK), dtype=tl.float32)
+    for Jr in tl.static_range(C // BLOCK):                                        # Z, X: the last block first
+        J = C // BLOCK - 1 - Jr
         rj = J * BLOCK + c16                                                      # the block's rows [16]
         live = (n * C + rj < T)
         mb = live[:, None] & (dk_[None, :] < K)
         at = (rj * H)[:, None] * K + dk_[None, :]
         kb = tl.load(k + at, mask=mb, other=0.0).to(tl.float32)                    # [16, BK]
-        qb = tl.load(q + at, mask=mb, other=0.0).to(tl.float32)
-        bb = tl.load(beta + rj * H, mask=live, other=0.0).to(tl.float32)           # [16]
-        gl = tl.cumsum(gate_floor(tl.load(g + at, mask=mb, other=0.0)), axis=0)   # G_j − G_b
-        nx = live & (n * C + rj + 1 < T) & (c16 < BLOCK - 1)
-        gs = gate_floor(tl.load(g + at + H * K, mask=nx[:, None] & (dk_[None, :] < K), other=0.0))
-        gr = tl.cumsum(gs, axis=0, reverse=True)                                  # G_e − G_i
-        # the scores' columns in block J ([C, 16], rows i ≥ j) and its rows, transposed ([C, 16], j ≤ i)
-        col = (jc * H * C)[:, None] + rj[None, :]
-        row = (rj * H * C)[None, :] + jc[:, None]
+        gb = gate_floor(tl.load(g + at, mask=mb, other=0.0))
+        carry = tl.where(blk > J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows past J: G_{e_I'} − G_b
+        col = (jc * H * C)[:, None] + rj[None, :]                                 # the scores' columns in J
         Mq_c = tl.load(daqk + col, mask=tm[:, None] & (jc[:, None] >= rj[None, :]), other=0.0) * scale
         Ma_c = tl.load(da + col, mask=tm[:, None] & (jc[:, None] > rj[None, :]), other=0.0)
-        Mq_r = tl.load(daqk + row, mask=live[None, :] & (jc[:, None] <= rj[None, :]), other=0.0) * scale
-        Ma_r = tl.load(da + row, mask=live[None, :] & (jc[:, None] < rj[None, :]), other=0.0) * bb[None, :]
-        up = tl.exp(tl.cumsum(tl.where(jc[:, None] >= J * BLOCK, gt, 0.0), axis=0))            # e^{G_i − G_b}
-        down = tl.exp(tl.cumsum(tl.where(jc[:, None] < J * BLOCK + BLOCK - 1, gsh, 0.0), axis=0,
-                                reverse=True))                                                 # e^{G_e − G_j}
-        kin = kb * tl.exp(-gl)                                                    # k_j e^{G_b − G_j}
+        up = tl.exp(W + carry)                                                    # e^{G_i − G_b}
+        kin = kb * tl.exp(-tl.cumsum(gb, axis=0))                                 # k_j e^{G_b − G_j}
         Z += up * mm(Mq_c, kin, SDT, IEEE, X3, RND)
         X += up * mm(Ma_c, kin, SDT, IEEE, X3, RND)
-        out = tl.exp(-gr)                                                         # e^{G_i − G_e} ≥ 1
+    Zt = tl.zeros((C, BK), dtype=tl.float32)
+    Y = tl.zeros((C, BK), dtype=tl.float32)
+    carry = tl.zeros((C, BK), dtype=tl.float32)
+    for J in tl.static_range(C // BLOCK):                                         # Zt, Y: the first block first
+        rj = J * BLOCK + c16
+        live = (n * C + rj < T)
+        mb = live[:, None] & (dk_[None, :] < K)
+        at = (rj * H)[:, None] * K + dk_[None, :]
+        kb = tl.load(k + at, mask=mb, other=0.0).to(tl.float32)
+        qb = tl.load(q + at, mask=mb, other=0.0).to(tl.float32)
+        bb = tl.load(beta + rj * H, mask=live, other=0.0).to(tl.float32)           # [16]
+        gb = gate_floor(tl.load(g + at, mask=mb, other=0.0))
+        carry = tl.where(blk < J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows before J
+        nx = live & (n * C + rj + 1 < T) & (c16 < BLOCK - 1)
+        gs = gate_floor(tl.load(g + at + H * K, mask=nx[:, None] & (dk_[None, :] < K), other=0.0))
+        row = (rj * H * C)[None, :] + jc[:, None]                                 # the scores' rows in J, transposed
+        Mq_r = tl.load(daqk + row, mask=live[None, :] & (jc[:, None] <= rj[None, :]), other=0.0) * scale
+        Ma_r = tl.load(da + row, mask=live[None, :] & (jc[:, None] < rj[None, :]), other=0.0) * bb[None, :]
+        down = tl.exp(Rx + carry)                                                 # e^{G_e − G_j}
+        out = tl.exp(-tl.cumsum(gs, axis=0, reverse=True))                        # e^{G_i − G_e} ≥ 1
         Zt += down * mm(Mq_r, qb * out, SDT, IEEE, X3, RND)
         Y += down * mm(Ma_r, kb * out, SDT, IEEE, X3, RND)
     return Z, Zt, X, Y
