@@ -960,7 +960,9 @@ show(delta_backward._dchunk_kernel)
 # the product, the second at most the block's own decay inside it), which covers the gates KDA's
 # layer starts from (a chunk decays by up to $e^{250}$, a block by less than $e^{60}$); every
 # exponent is a sum of the gates between its two tokens, never a difference of two sums from the
-# chunk start, whose rounding near $-250$ cost $dg$ two digits in a first version. Past that too
+# chunk start, whose rounding near $-250$ would cost $dg$ two digits. Each is a running sum within
+# its own 16-row block, one scan for the whole chunk, plus the totals of the whole blocks in
+# between, added to a carry as the kernel walks the blocks. Past that too
 # (log-gates of $-20$ per token) every exponent stays $\le 0$ and the decay tiles are built one
 # gate factor at a time (`_columns`). Its gate gradient is chunk-local, like GLA's:
 
