@@ -72,7 +72,7 @@ DIAG_DOT_RANGE = SPLIT_RANGE
 # KDA split kernel 2 / 4 / 8 warps 1.02 / 0.80 / 1.43 ms; W/U 4 warps;
 # factor kernel (Gated DeltaNet, tf32x3 products) 2 / 4 / 8 warps 0.38 / 0.62 / 1.17 ms, with tf32
 # products 1 and 2 warps alike (0.22). The exact KDA kernel runs only for strongly decaying
-# chunks; 4 warps, as its first version. (8 warps spill less when compiled for sm_90 on a CPU,
+# chunks; 4 warps (8 spill less when compiled for sm_90 on a CPU,
 # yet ran slower.)
 TUNING = dict(warps_split=4, warps_exact=4, warps_factor=2, warps_wu=4)
 
