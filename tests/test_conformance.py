@@ -35,7 +35,11 @@ def tiny(variant="linear_attn", **kw):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("conformance")
-    cases = matrix.cases("cpu")
+    # FLA beside ours is the native suite's (tools/conformance.py). Natively, with FLA installed and
+    # six of these cases running it, the module did not end within 420 s on an H200 (two calls):
+    # FLA's autotuned kernels compile for minutes per shape. Nothing here checks FLA's errors, and
+    # the self-test that breaks FLA's step still runs.
+    cases = [dict(c, fla=False) for c in matrix.cases("cpu")]
     base = tiny(decode=False)
     selftests = [dict(base, id=f"selftest-{k}", check=k, timeout=3.0 if k == "selftest_hang" else 120.0)
                  for k in runner.SELFTESTS]
