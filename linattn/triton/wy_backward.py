@@ -353,7 +353,7 @@ def _block_terms(q, k, g, beta, da, daqk, gt, gsh, scale, n, T, H, K: tl.constex
         at = (rj * H)[:, None] * K + dk_[None, :]
         kb = tl.load(k + at, mask=mb, other=0.0).to(tl.float32)                    # [16, BK]
         gb = gate_floor(tl.load(g + at, mask=mb, other=0.0))
-        carry = tl.where(blk > J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows past J: G_{e_I'} − G_b
+        carry = tl.where(blk > J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows below J: + J's total
         col = (jc * H * C)[:, None] + rj[None, :]                                 # the scores' columns in J
         Mq_c = tl.load(daqk + col, mask=tm[:, None] & (jc[:, None] >= rj[None, :]), other=0.0) * scale
         Ma_c = tl.load(da + col, mask=tm[:, None] & (jc[:, None] > rj[None, :]), other=0.0)
@@ -373,7 +373,7 @@ def _block_terms(q, k, g, beta, da, daqk, gt, gsh, scale, n, T, H, K: tl.constex
         qb = tl.load(q + at, mask=mb, other=0.0).to(tl.float32)
         bb = tl.load(beta + rj * H, mask=live, other=0.0).to(tl.float32)           # [16]
         gb = gate_floor(tl.load(g + at, mask=mb, other=0.0))
-        carry = tl.where(blk < J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows before J
+        carry = tl.where(blk < J, carry + tl.sum(gb, axis=0)[None, :], carry)    # rows above J: + J's total
         nx = live & (n * C + rj + 1 < T) & (c16 < BLOCK - 1)
         gs = gate_floor(tl.load(g + at + H * K, mask=nx[:, None] & (dk_[None, :] < K), other=0.0))
         row = (rj * H * C)[None, :] + jc[:, None]                                 # the scores' rows in J, transposed
