@@ -329,7 +329,7 @@ def _block_terms(q, k, g, beta, da, daqk, gt, gsh, scale, n, T, H, K: tl.constex
     `_split_terms`. q, k, g, beta, da, daqk point at the chunk's row 0; gt, gsh: [C, BK].
 
     Every exponent is a sum of the gates between its two tokens, never a difference of two sums
-    from the chunk start: those reach −250 here, and their float32 rounding cost the gate gradient
+    from the chunk start: those reach −250 here, and their float32 rounding costs the gate gradient
     two digits. So each is a running sum within its row's block (`_in_blocks`, once per chunk) plus
     the totals of the whole blocks between that block and J, added to a carry as the walk passes
     each block: Z and X walk the blocks from the last (rows below J gain J's total), Zt and Y from
